@@ -1,0 +1,139 @@
+"""Checker harness: run checker code against a student file in fresh processes.
+
+A checker never imports student code into the notebook kernel. It calls
+:func:`run_ranks`, which starts ``world_size`` fresh processes (MPI through
+``mpiexec``, or gloo through :mod:`exercise_utils.rankworker`), imports the
+student file in each, calls a *probe* (a checker-side function in
+``exercise_utils``) with the student module, and collects one result per rank.
+Every failure becomes an ``AssertionError`` a student can act on: "not implemented
+yet", "rank 1 raised ...", "hung: ranks issued different collectives?", or, via
+:func:`assert_close`, "rank 2 differs by 3e-02 in fc1.weight".
+
+Used by every checker (01_mpi_parallel_sgd onwards).
+"""
+import pickle
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from . import launch
+
+
+def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=60,
+              what=None):
+    """Run ``probe(student_module, ctx, **kwargs)`` on every rank; return per-rank results.
+
+    Args:
+        path: the student file (e.g. ``work/01_shards.py``).
+        probe: ``"exercise_utils.module:function"``; it receives the imported student
+            module and a context with ``rank``, ``size``, ``backend`` and ``comm`` (MPI).
+        world_size: number of processes.
+        backend: ``"mpi"`` (mpiexec + mpi4py), ``"gloo"`` (torch.distributed) or ``"none"``
+            (independent processes, for pure functions).
+        kwargs: picklable keyword arguments for the probe.
+        timeout: seconds before the processes are killed and the student told it hung.
+        what: what is being checked, for messages (default: the probe's name).
+    Returns:
+        list: the probe's return value on rank 0, 1, ...
+    Raises:
+        AssertionError: with a message for the student on any failure.
+    """
+    path = Path(path)
+    what = what or probe.split(":")[-1]
+    if not path.is_file():
+        raise AssertionError(f"{path} does not exist: run the %%writefile cell that creates it first.")
+    with tempfile.TemporaryDirectory(prefix="dtfs-check-") as tmp:
+        args_file = Path(tmp) / "kwargs.pkl"
+        args_file.write_bytes(pickle.dumps(kwargs or {}))
+        worker_args = ["--student", str(path.resolve()), "--probe", probe, "--kwargs",
+                       str(args_file), "--out", tmp, "--backend", backend, "--timeout",
+                       str(timeout)]
+        try:
+            _launch(worker_args, world_size, backend, timeout, what)
+        except launch.LaunchTimeout:
+            _raise_student_errors(tmp, world_size, path)
+            done = [r for r in range(world_size) if (Path(tmp) / f"rank{r}.pkl").exists()]
+            stuck = [r for r in range(world_size) if r not in done]
+            raise AssertionError(
+                f"{what} hung: no result after {timeout} s with {world_size} {backend} "
+                f"processes (ranks finished: {done or 'none'}; ranks still waiting: {stuck}); "
+                f"all were killed. hung: ranks issued different collectives? Every rank must "
+                f"call the same collectives, in the same order, with matching sizes.") from None
+        except launch.LaunchError as err:
+            _raise_student_errors(tmp, world_size, path)
+            raise AssertionError(f"{what}: the worker processes failed before reporting a "
+                                 f"result.\n{err}") from None
+        _raise_student_errors(tmp, world_size, path)
+        return [_load(tmp, r)["value"] for r in range(world_size)]
+
+
+def _launch(worker_args, world_size, backend, timeout, what):
+    quiet = dict(timeout=timeout, echo=False, what=what)
+    if backend == "mpi":
+        launch.mpiexec("exercise_utils.rankworker", world_size, worker_args, module=True,
+                       label=False, **quiet)
+    else:
+        launch.run([sys.executable, "-m", "exercise_utils.rankworker", "--spawn",
+                    str(world_size), *worker_args], nprocs=world_size,
+                   env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(launch.free_port())},
+                   **quiet)
+
+
+def _load(tmp, rank):
+    file = Path(tmp) / f"rank{rank}.pkl"
+    if not file.exists():
+        raise AssertionError(f"rank {rank} finished without reporting a result "
+                             f"(did your code call sys.exit or MPI Finalize?)")
+    return pickle.loads(file.read_bytes())
+
+
+def _raise_student_errors(tmp, world_size, path):
+    """Turn the first error a rank reported into an AssertionError for the student."""
+    reports = [(r, pickle.loads((Path(tmp) / f"rank{r}.pkl").read_bytes()))
+               for r in range(world_size) if (Path(tmp) / f"rank{r}.pkl").exists()]
+    errors = [(r, rep) for r, rep in reports if not rep["ok"]]
+    if not errors:
+        return
+    for r, rep in errors:
+        if rep["type"] == "NotImplementedError":
+            raise AssertionError(f"not implemented yet: {rep['where']} in {path} still raises "
+                                 f"NotImplementedError. Replace the `raise` line with your code.")
+    rank, rep = errors[0]
+    if rep["type"] == "AssertionError" and rep.get("checker"):
+        prefix = f"rank {rank}: " if world_size > 1 else ""
+        raise AssertionError(prefix + rep["message"])
+    raise AssertionError(f"rank {rank} raised {rep['type']}: {rep['message']}\n"
+                         f"{rep['traceback']}")
+
+
+def assert_close(actual, expected, what, rank=None, atol=1e-5, rtol=1e-4):
+    """Compare named arrays; raise an AssertionError naming the rank, the tensor and the error.
+
+    Args:
+        actual, expected: dicts name -> array-like (or a single array-like).
+        what: what the values are ("parameters after 4 steps").
+        rank: the rank the actual values come from (for the message).
+        atol, rtol: tolerances as in ``numpy.allclose``.
+    """
+    if not isinstance(expected, dict):
+        actual, expected = {"value": actual}, {"value": expected}
+    where = f"rank {rank}" if rank is not None else "your result"
+    missing = sorted(set(expected) - set(actual))
+    if missing:
+        raise AssertionError(f"{where}: {what} lacks {missing}")
+    for name, exp in expected.items():
+        a, e = np.asarray(actual[name], dtype=np.float64), np.asarray(exp, dtype=np.float64)
+        if a.shape != e.shape:
+            raise AssertionError(f"{where}: {name} has shape {a.shape}, expected {e.shape} ({what})")
+        if not np.allclose(a, e, atol=atol, rtol=rtol):
+            diff = float(np.max(np.abs(a - e)))
+            raise AssertionError(f"{where} differs by {diff:.1e} in {name} ({what}; max abs "
+                                 f"difference, tolerance {atol:g} + {rtol:g}*|expected|)")
+
+
+def state_arrays(model):
+    """Return ``{name: numpy copy}`` of a model's parameters and buffers (for results)."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+

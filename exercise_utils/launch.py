@@ -1,0 +1,303 @@
+"""Run distributed programs from a notebook or a test, and never leave a process behind.
+
+Every launch gets live output, a hard timeout and a fresh free port. Every process
+it starts carries a tag in its environment (``DTFS_LAUNCH_TAG``); when the launch
+ends (success, failure, timeout or Ctrl-C) every process still carrying the tag is
+killed, including workers that ``mpiexec`` or ``torchrun`` started in new sessions.
+
+Used in every notebook (01_mpi_parallel_sgd onwards) and by the checker harness.
+"""
+import os
+import selectors
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import psutil
+
+TAG = "DTFS_LAUNCH_TAG"
+HANG_HINT = ("A distributed program that hangs is almost always waiting in a collective "
+             "(Bcast, Allreduce, barrier, ...) that another rank never called, or called "
+             "in a different order or with a different size.")
+
+
+class LaunchError(RuntimeError):
+    """A launched command failed. Attributes: cmd, returncode, output."""
+
+    def __init__(self, message, cmd=None, returncode=None, output=""):
+        super().__init__(message)
+        self.cmd, self.returncode, self.output = cmd, returncode, output
+
+
+class LaunchTimeout(LaunchError):
+    """A launched command did not finish in time and was killed with all its processes."""
+
+
+@dataclass
+class RunResult:
+    """What a finished launch returns: the command, its exit code, output and duration."""
+    cmd: list
+    returncode: int
+    output: str
+    seconds: float
+    killed: list = field(default_factory=list)
+
+
+def free_port():
+    """Return a TCP port on 127.0.0.1 that is free right now.
+
+    Returns:
+        int: the port number.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_executable(name):
+    """Find ``name`` next to this Python first (a venv's ``mpiexec``), then on PATH.
+
+    Raises:
+        FileNotFoundError: with instructions to install it.
+    """
+    here = os.path.dirname(sys.executable)
+    found = shutil.which(name, path=here + os.pathsep + os.environ.get("PATH", ""))
+    if found:
+        return found
+    hints = {"mpiexec": "pip install mpich mpi4py (or: conda install -c conda-forge mpich mpi4py); "
+                        "it must be in the same environment as this Python (" + sys.executable + ")",
+             "torchrun": "pip install torch in the environment of " + sys.executable}
+    raise FileNotFoundError(f"{name} not found next to {sys.executable} nor on PATH. "
+                            f"Install it: {hints.get(name, 'install it')}.")
+
+
+def tagged_processes(tag):
+    """Return every live process whose environment carries ``DTFS_LAUNCH_TAG=tag``."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.pid != os.getpid() and proc.environ().get(TAG) == tag:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def kill_processes(procs, grace=1.0):
+    """Terminate, then kill, the given psutil processes and wait for them.
+
+    Returns:
+        list[int]: the pids that were still alive and had to be stopped.
+    """
+    alive = [p for p in procs if _is_alive(p)]
+    for p in alive:
+        _signal(p, signal.SIGTERM)
+    _, still = psutil.wait_procs(alive, timeout=grace)
+    for p in still:
+        _signal(p, signal.SIGKILL)
+    psutil.wait_procs(still, timeout=grace)
+    return [p.pid for p in alive]
+
+
+def _is_alive(p):
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal(p, sig):
+    try:
+        p.send_signal(sig)
+    except psutil.Error:
+        pass
+
+
+def _describe(cmd):
+    return " ".join(shlex.quote(str(c)) for c in cmd)
+
+
+def _tail(lines, n=40):
+    return "\n".join(lines[-n:])
+
+
+def _pump(proc, sel, lines, echo, partial, wait):
+    """Read whatever output is ready within ``wait`` seconds; return False at EOF."""
+    for key, _ in sel.select(timeout=wait):
+        chunk = os.read(key.fd, 65536)
+        if not chunk:
+            sel.unregister(key.fileobj)
+            return False
+        text = partial.pop() + chunk.decode("utf-8", errors="replace")
+        *done, rest = text.split("\n")
+        partial.append(rest)
+        for line in done:
+            lines.append(line)
+            if echo:
+                print(line, flush=True)
+    return True
+
+
+def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_process=None,
+        nprocs=1):
+    """Run ``cmd`` with live output and a hard timeout; kill every process it started.
+
+    Args:
+        cmd: list of program arguments.
+        timeout: seconds before the whole process tree is killed and LaunchTimeout raised.
+        env: extra environment variables (added to os.environ).
+        cwd: working directory.
+        echo: print output lines as they arrive (they are always collected).
+        what: short description used in error messages (default: the command line).
+        threads_per_process: OMP/MKL threads per process; default: CPU cores // nprocs
+            (at least 1), unless OMP_NUM_THREADS is already set.
+        nprocs: how many processes the command will start (for the default above).
+    Returns:
+        RunResult on exit code 0.
+    Raises:
+        LaunchTimeout: it ran longer than ``timeout`` (a hang); all processes killed.
+        LaunchError: non-zero exit code; all remaining processes killed.
+        KeyboardInterrupt: after killing every process, when interrupted.
+    """
+    cmd = [str(c) for c in cmd]
+    what = what or f"`{_describe(cmd)}`"
+    tag = uuid.uuid4().hex
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), TAG: tag}
+    threads = threads_per_process or max(1, (os.cpu_count() or 1) // max(1, nprocs))
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if threads_per_process or var not in os.environ:
+            full_env[var] = str(threads)
+    lines, partial = [], [""]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
+                            env=full_env, start_new_session=True)
+    seen = {proc.pid: psutil.Process(proc.pid)}
+    status = "interrupted"
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        open_ = True
+        while proc.poll() is None:
+            if time.monotonic() - start > timeout:
+                status = "timeout"
+                break
+            open_ = _pump(proc, sel, lines, echo, partial, 0.2) if open_ else (time.sleep(0.2) or False)
+            _remember_children(seen)
+        else:
+            end = time.monotonic() + 1.0
+            while open_ and time.monotonic() < end:
+                open_ = _pump(proc, sel, lines, echo, partial, 0.1)
+            status = "done"
+    finally:
+        killed = _cleanup(proc, tag, seen)
+        if partial[0]:
+            lines.append(partial[0])
+            if echo:
+                print(partial[0], flush=True)
+        proc.stdout.close()
+        if status == "interrupted":
+            print(f"Interrupted: stopped {what} and killed {len(killed)} process(es).",
+                  file=sys.stderr, flush=True)
+    seconds = time.monotonic() - start
+    output = "\n".join(lines)
+    if status == "timeout":
+        raise LaunchTimeout(
+            f"{what} did not finish within {timeout:g} s, so it was stopped and its "
+            f"{len(killed)} process(es) were killed. {HANG_HINT}\n--- last output ---\n"
+            f"{_tail(lines)}", cmd, None, output)
+    if proc.returncode != 0:
+        raise LaunchError(
+            f"{what} failed with exit code {proc.returncode} after {seconds:.1f} s"
+            f"{_signal_name(proc.returncode)}; its remaining processes were killed.\n"
+            f"--- last output ---\n{_tail(lines)}", cmd, proc.returncode, output)
+    return RunResult(cmd, proc.returncode, output, seconds, killed)
+
+
+def _signal_name(code):
+    if code is not None and code < 0:
+        return f" (killed by signal {signal.Signals(-code).name})"
+    return ""
+
+
+def _remember_children(seen):
+    for p in list(seen.values()):
+        try:
+            for child in p.children(recursive=True):
+                seen.setdefault(child.pid, child)
+        except psutil.Error:
+            continue
+
+
+def _cleanup(proc, tag, seen):
+    """Kill the launched process group, every remembered child and every tagged process."""
+    _remember_children(seen)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    victims = {p.pid: p for p in list(seen.values()) + tagged_processes(tag)}
+    killed = kill_processes(list(victims.values()))
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    # A process may have forked while we were killing: one more sweep.
+    killed += kill_processes(tagged_processes(tag))
+    return sorted(set(killed))
+
+
+def python(script, args=(), **kwargs):
+    """Run ``python script args...`` with this interpreter. See :func:`run` for kwargs."""
+    return run([sys.executable, script, *args], **kwargs)
+
+
+def mpiexec(script, n, args=(), module=False, label=True, **kwargs):
+    """Run ``mpiexec -n N python script args...`` (or ``python -m module``).
+
+    Args:
+        script: path of the Python file (or module name when ``module=True``).
+        n: number of MPI processes.
+        args: extra arguments for the script.
+        label: prefix every output line with its rank, e.g. ``[1] loss 0.3``.
+        kwargs: passed to :func:`run` (timeout, env, echo, ...).
+    Returns:
+        RunResult.
+    """
+    if int(n) < 1:
+        raise ValueError(f"mpiexec needs at least 1 process, got n={n}")
+    cmd = [find_executable("mpiexec"), "-n", str(n)]
+    if label:
+        cmd.append("-l")
+    cmd += [sys.executable, "-m", "exercise_utils.linebuf", *(["-m"] if module else []), script,
+            *args]
+    kwargs.setdefault("what", f"`mpiexec -n {n} python {'-m ' if module else ''}{script}`")
+    kwargs["env"] = {"PYTHONUNBUFFERED": "", **kwargs.get("env", {})}
+    return run(cmd, nprocs=int(n), **kwargs)
+
+
+def torchrun(script, nproc, args=(), nnodes=1, port=None, extra=(), **kwargs):
+    """Run ``torchrun --nproc-per-node N script args...`` on a fresh free port.
+
+    Args:
+        script: the training script.
+        nproc: workers on this node.
+        nnodes: number of nodes (agents); for more than one, start each agent yourself.
+        port: rendezvous port (default: a free one).
+        extra: more torchrun options, e.g. ``["--max-restarts", "2"]``.
+        kwargs: passed to :func:`run`.
+    Returns:
+        RunResult.
+    """
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+           f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+           *extra, script, *args]
+    kwargs.setdefault("what", f"`torchrun --nproc-per-node {nproc} {script}`")
+    return run(cmd, nprocs=int(nproc), **kwargs)

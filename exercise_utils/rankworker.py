@@ -1,0 +1,128 @@
+"""Worker process of the checker harness (see :mod:`exercise_utils.harness`).
+
+One rank: set up communication (MPI, gloo or none), import the student file,
+call the probe, pickle the result (or the error) to ``OUT/rank{R}.pkl``.
+With ``--spawn N`` it starts N such ranks itself (gloo / none) and stops all of
+them as soon as one fails, so that a crashed rank never leaves the others waiting.
+
+Launched by the harness, e.g.::
+
+    python -m exercise_utils.rankworker --spawn 2 --backend gloo --student work/x.py \
+        --probe exercise_utils.checks_mpi:probe_x --kwargs k.pkl --out /tmp/dir
+
+Used by every checker (01_mpi_parallel_sgd onwards).
+"""
+import argparse
+import datetime
+import importlib
+import importlib.util
+import os
+import pickle
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+
+def load_student(path):
+    """Import the student file at ``path`` as a fresh module and return it."""
+    name = "student_" + Path(path).stem.replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _student_frames(exc, student):
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if f.filename == student]
+    where = mine[-1].name if mine else "your code"
+    shown = mine or frames[-3:]
+    text = "".join(traceback.format_list(shown)) + f"{type(exc).__name__}: {exc}"
+    return where, text
+
+
+def _report(out, rank, payload):
+    tmp = Path(out) / f".rank{rank}.tmp"
+    tmp.write_bytes(pickle.dumps(payload))
+    tmp.rename(Path(out) / f"rank{rank}.pkl")
+
+
+def _context(args):
+    rank, size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    ctx = SimpleNamespace(rank=rank, size=size, backend=args.backend, comm=None)
+    if args.backend == "mpi":
+        from mpi4py import MPI
+        ctx.comm = MPI.COMM_WORLD
+        ctx.rank, ctx.size = ctx.comm.Get_rank(), ctx.comm.Get_size()
+    elif args.backend == "gloo":
+        import torch.distributed as dist
+        dist.init_process_group("gloo", rank=rank, world_size=size,
+                                timeout=datetime.timedelta(seconds=float(args.timeout)))
+    return ctx
+
+
+def _finish(ctx):
+    if ctx.backend == "gloo":
+        import torch.distributed as dist
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run_one(args):
+    """Run the probe on this rank; report the result or the error; return an exit code."""
+    ctx = _context(args)
+    module_name, func_name = args.probe.split(":")
+    probe = getattr(importlib.import_module(module_name), func_name)
+    kwargs = pickle.loads(Path(args.kwargs).read_bytes())
+    try:
+        value = probe(load_student(args.student), ctx, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - everything a student file can do
+        where, text = _student_frames(exc, args.student)
+        _report(args.out, ctx.rank, {"ok": False, "type": type(exc).__name__, "message": str(exc),
+                                     "where": where, "traceback": text,
+                                     "checker": getattr(exc, "from_checker", False)})
+        if ctx.backend == "mpi":
+            ctx.comm.Abort(1)
+        return 1
+    _report(args.out, ctx.rank, {"ok": True, "value": value})
+    _finish(ctx)
+    return 0
+
+
+def spawn(args, n):
+    """Start ``n`` ranks of this worker; stop them all as soon as one fails."""
+    argv = [a for a in sys.argv[1:]]
+    i = argv.index("--spawn")
+    del argv[i:i + 2]
+    procs = [subprocess.Popen([sys.executable, "-m", "exercise_utils.rankworker", *argv],
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(n)})
+             for r in range(n)]
+    while True:
+        codes = [p.poll() for p in procs]
+        if any(c not in (None, 0) for c in codes) or all(c == 0 for c in codes):
+            break
+        time.sleep(0.05)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    return max(abs(c) for c in (p.returncode for p in procs))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for opt in ("--student", "--probe", "--kwargs", "--out"):
+        parser.add_argument(opt, required=True)
+    parser.add_argument("--backend", choices=["mpi", "gloo", "none"], default="none")
+    parser.add_argument("--timeout", type=float, default=60)
+    parser.add_argument("--spawn", type=int, default=0)
+    args = parser.parse_args()
+    sys.exit(spawn(args, args.spawn) if args.spawn else run_one(args))
+
+
+if __name__ == "__main__":
+    main()
