@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .config import quick
 from .harness import assert_close, run_ranks, state_arrays
 from .models import MPINet, BNNet, TinyMLP
 
@@ -21,6 +22,7 @@ COLLECTIVES = ("Allreduce", "allreduce", "Reduce", "reduce", "Bcast", "bcast", "
                "Recv", "recv", "Sendrecv", "sendrecv", "Isend", "isend", "Irecv", "irecv",
                "Iallreduce", "Reduce_scatter", "Alltoall", "alltoall", "Barrier", "barrier")
 MODULE = "exercise_utils.checks_mpi"
+TIMEOUT = quick(90, 45)     # seconds a check may run before it is declared hung
 
 
 class CountingComm:
@@ -92,7 +94,7 @@ def _array_split(n, size):
     return list(zip(parts, starts))
 
 
-def check_shards(path, timeout=60):
+def check_shards(path, timeout=TIMEOUT):
     """Check ``shard_bounds`` and ``scatter_shards`` of ``path`` (world sizes 2 and 3)."""
     for size, n, root in ((3, 11, 0), (2, 7, 1)):
         shards = run_ranks(path, f"{MODULE}:probe_scatter", size, "mpi",
@@ -123,7 +125,7 @@ def probe_broadcast(student, ctx, root):
     return before, state_arrays(model), same
 
 
-def check_broadcast(path, timeout=60):
+def check_broadcast(path, timeout=TIMEOUT):
     """Check ``broadcast_parameters`` of ``path``: every rank ends with root's parameters and buffers."""
     for size, root in ((3, 0), (2, 1)):
         res = run_ranks(path, f"{MODULE}:probe_broadcast", size, "mpi", {"root": root},
@@ -177,7 +179,7 @@ def probe_sgd(student, ctx):
     return state, dict(comm.calls), dict(comm.elements)
 
 
-def check_allreduce_sgd(path, timeout=90):
+def check_allreduce_sgd(path, timeout=TIMEOUT):
     """Check ``average_gradients``: equals single-process SGD on the whole batch, one Allreduce a step."""
     for size in (2, 3):
         x, y = _sgd_batches(size)
@@ -215,7 +217,7 @@ def probe_average(student, ctx, root):
     return before, state_arrays(model)
 
 
-def check_model_averaging(path, timeout=60):
+def check_model_averaging(path, timeout=TIMEOUT):
     """Check ``average_weights``: every rank ends with the mean of all ranks' parameters."""
     for size, root in ((3, 0), (2, 1)):
         res = run_ranks(path, f"{MODULE}:probe_average", size, "mpi", {"root": root}, timeout,
@@ -244,7 +246,7 @@ def probe_convergence(student, ctx):
     return decisions, float(loss)
 
 
-def check_convergence(path, timeout=60):
+def check_convergence(path, timeout=TIMEOUT):
     """Check ``converged`` (relative tolerance, first epoch) and ``global_loss`` (same on all ranks)."""
     for size in (3, 2):
         res = run_ranks(path, f"{MODULE}:probe_convergence", size, "mpi", timeout=timeout,

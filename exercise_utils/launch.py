@@ -1,7 +1,7 @@
 """Run distributed programs from a notebook or a test, and never leave a process behind.
 
 Every launch gets live output, a hard timeout and a fresh free port. Every process
-it starts carries a tag in its environment (``DTFS_LAUNCH_TAG``); when the launch
+it starts carries a tag in its environment (``DTFS_LAUNCH_TAG=<launcher pid>:<id>``); when the launch
 ends (success, failure, timeout or Ctrl-C) every process still carrying the tag is
 killed, including workers that ``mpiexec`` or ``torchrun`` started in new sessions.
 
@@ -167,7 +167,7 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
     """
     cmd = [str(c) for c in cmd]
     what = what or f"`{_describe(cmd)}`"
-    tag = uuid.uuid4().hex
+    tag = f"{os.getpid()}:{uuid.uuid4().hex}"    # owner pid first: see tests/conftest.py
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), TAG: tag}
     threads = threads_per_process or max(1, (os.cpu_count() or 1) // max(1, nprocs))
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -1,0 +1,60 @@
+"""Shared fixtures: every test must leave no launched process behind."""
+import os
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TAG = "DTFS_LAUNCH_TAG"
+
+
+def tagged_pids():
+    """Pids of live processes started by exercise_utils.launch in this test process, or
+    orphaned by a launcher that is gone (e.g. a notebook kernel run by nbgrader).
+
+    The tag is ``<launcher pid>:<id>``; processes of launches that are still running in
+    other programs (another pytest worker, a notebook) are not ours to judge.
+    """
+    pids = set()
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            tag = proc.environ().get(TAG)
+            if not tag or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            owner = int(tag.split(":")[0])
+            if owner == os.getpid() or not psutil.pid_exists(owner):
+                pids.add(proc.pid)
+        except (psutil.Error, OSError, ValueError):
+            continue
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Fail any test after which a process started by the launcher is still alive."""
+    before = tagged_pids()
+    yield
+    left = tagged_pids() - before
+    if left:
+        details = []
+        for pid in left:
+            try:
+                details.append(" ".join(psutil.Process(pid).cmdline())[:120])
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+        pytest.fail(f"processes left behind: {details}")
+
+
+@pytest.fixture
+def py():
+    """This interpreter."""
+    return sys.executable
+
+
+@pytest.fixture
+def env_pythonpath(monkeypatch):
+    """Let worker processes import helper modules from tests/."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests") + os.pathsep + os.environ.get("PYTHONPATH", ""))

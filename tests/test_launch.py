@@ -1,0 +1,162 @@
+"""The launcher: live output, timeouts, errors, free ports, and no process left behind."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from exercise_utils import launch
+
+
+def write(tmp_path, name, code):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(code))
+    return path
+
+
+def alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# A child in a new session (as torchrun and mpiexec workers are) that records its pid.
+SESSION_CHILD = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                         start_new_session=True)
+open(sys.argv[1], "w").write(str(child.pid))
+"""
+
+
+def test_output_is_collected_and_echoed(tmp_path, capsys):
+    script = write(tmp_path, "hello.py", "print('hello'); print('world')")
+    result = launch.python(script, timeout=30)
+    assert result.returncode == 0
+    assert result.output.splitlines() == ["hello", "world"]
+    assert "hello\nworld" in capsys.readouterr().out
+
+
+def test_failure_names_command_exit_code_and_output(tmp_path):
+    script = write(tmp_path, "bad.py", "print('about to fail')\nraise SystemExit(3)")
+    with pytest.raises(launch.LaunchError) as err:
+        launch.python(script, timeout=30, echo=False)
+    msg = str(err.value)
+    assert "bad.py" in msg and "exit code 3" in msg and "about to fail" in msg
+    assert err.value.returncode == 3
+
+
+def test_hang_is_killed_with_children_in_new_sessions(tmp_path):
+    pidfile = tmp_path / "pid"
+    script = write(tmp_path, "hang.py", SESSION_CHILD + "import time\ntime.sleep(600)\n")
+    start = time.monotonic()
+    with pytest.raises(launch.LaunchTimeout) as err:
+        launch.python(script, [pidfile], timeout=3, echo=False)
+    assert time.monotonic() - start < 15
+    assert "did not finish within 3 s" in str(err.value) and "hang.py" in str(err.value)
+    assert not alive(int(pidfile.read_text()))
+
+
+def test_success_still_kills_stragglers(tmp_path):
+    pidfile = tmp_path / "pid"
+    script = write(tmp_path, "leaves_child.py", SESSION_CHILD)
+    launch.python(script, [pidfile], timeout=30, echo=False)
+    assert not alive(int(pidfile.read_text()))
+
+
+def test_mpi_rank_crash_kills_the_others(tmp_path):
+    script = write(tmp_path, "crash.py", """
+        import sys
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        if comm.Get_rank() == 1:
+            print("rank 1 crashes", flush=True)
+            sys.exit(5)
+        comm.Barrier()          # the others wait for rank 1 forever
+        """)
+    start = time.monotonic()
+    with pytest.raises(launch.LaunchError) as err:
+        launch.mpiexec(script, 3, timeout=60, echo=False)
+    assert time.monotonic() - start < 50, "a crashed rank must end the job, not the timeout"
+    assert "rank 1 crashes" in str(err.value) and "mpiexec -n 3" in str(err.value)
+
+
+def test_mpi_hang_is_killed_and_labelled(tmp_path):
+    pidfile = tmp_path / "pid"
+    script = write(tmp_path, "mpihang.py", """
+        import subprocess, sys
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        if comm.Get_rank() == 0:
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                     start_new_session=True)
+            open(sys.argv[1], "w").write(str(child.pid))
+            print("rank 0 waits in a barrier", flush=True)
+            comm.Barrier()
+        """)
+    with pytest.raises(launch.LaunchTimeout) as err:
+        launch.mpiexec(script, 2, [pidfile], timeout=8, echo=False)
+    assert "[0] rank 0 waits in a barrier" in err.value.output
+    assert "collective" in str(err.value)
+    assert not alive(int(pidfile.read_text()))
+
+
+def test_ctrl_c_kills_everything(tmp_path):
+    pidfile = tmp_path / "pid"
+    script = write(tmp_path, "hang.py", SESSION_CHILD + "import time\ntime.sleep(600)\n")
+    driver = write(tmp_path, "driver.py", f"""
+        from exercise_utils import launch
+        launch.python({str(script)!r}, [{str(pidfile)!r}], timeout=600)
+        """)
+    proc = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    grandchild = int(pidfile.read_text())
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert "Interrupted" in err
+    assert not alive(grandchild)
+
+
+def test_free_ports_are_bindable_and_differ():
+    import socket
+    ports = {launch.free_port() for _ in range(5)}
+    assert len(ports) >= 4
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_threads_per_process_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    script = write(tmp_path, "t.py", "import os; print(os.environ['OMP_NUM_THREADS'])")
+    out = launch.python(script, timeout=30, echo=False, nprocs=4).output.strip()
+    assert out == str(max(1, (os.cpu_count() or 1) // 4))
+    out = launch.python(script, timeout=30, echo=False, threads_per_process=3).output.strip()
+    assert out == "3"
+
+
+def test_mpiexec_not_found_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="pip install mpich"):
+        launch.mpiexec("x.py", 2)
+
+
+def test_mpiexec_rejects_bad_process_count():
+    with pytest.raises(ValueError, match="at least 1"):
+        launch.mpiexec("x.py", 0)
+
+
+def test_free_port_given_to_gloo_jobs(tmp_path):
+    script = write(tmp_path, "port.py", "import os; print(os.environ.get('MASTER_PORT'))")
+    out = launch.python(script, timeout=30, echo=False, env={"MASTER_PORT": "12345"}).output
+    assert out.strip() == "12345"
