@@ -1,0 +1,120 @@
+"""Benchmark helpers: warm-up, medians, tables, JSON and plots.
+
+Timings on shared machines are noisy: always warm up, repeat, take medians,
+and compare ratios measured in the same run rather than absolute times.
+
+Used in 01_mpi_parallel_sgd and later notebooks.
+"""
+import json
+import statistics
+import time
+from pathlib import Path
+
+
+def time_it(fn, warmup=2, repeats=7, sync=None):
+    """Time ``fn()``: run it ``warmup`` times untimed, then ``repeats`` timed runs.
+
+    Args:
+        fn: callable without arguments.
+        warmup: untimed runs first (caches, lazy initialisation, connections).
+        repeats: timed runs.
+        sync: called before reading the clock (e.g. ``torch.cuda.synchronize`` or a barrier).
+    Returns:
+        dict with ``median``, ``min`` and ``all`` (seconds).
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be at least 1")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if sync:
+            sync()
+        start = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append(time.perf_counter() - start)
+    return {"median": statistics.median(times), "min": min(times), "all": times}
+
+
+def format_table(rows, columns, formats=None):
+    """Return rows (dicts) as an aligned text table.
+
+    Args:
+        rows: list of dicts.
+        columns: list of (key, header) pairs.
+        formats: optional dict key -> format spec, e.g. {"speedup": ".2f"}.
+    Returns:
+        str
+    """
+    formats = formats or {}
+    cells = [[h for _, h in columns]]
+    for row in rows:
+        cells.append([_fmt(row.get(k), formats.get(k, "")) for k, _ in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(value, spec):
+    if value is None:
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+def save_json(path, data):
+    """Write ``data`` as indented JSON to ``path`` (creating folders); return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+def load_json(path):
+    """Read JSON written by :func:`save_json`."""
+    return json.loads(Path(path).read_text())
+
+
+def line_plot(series, xlabel, ylabel, title, path, logx=False, logy=False, xticks=None):
+    """Plot named (x, y) series as lines with markers and save a PNG.
+
+    Args:
+        series: dict label -> (xs, ys).
+        xlabel, ylabel, title: texts.
+        path: PNG file to write.
+        logx, logy: logarithmic axes.
+        xticks: optional explicit x ticks.
+    Returns:
+        the matplotlib Figure (a notebook shows it).
+    """
+    import matplotlib
+    if not _interactive():
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    if xticks is not None:
+        ax.set_xticks(xticks)
+        ax.set_xticklabels([str(t) for t in xticks])
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return fig
+
+
+def _interactive():
+    try:
+        return get_ipython() is not None  # noqa: F821 - defined inside IPython only
+    except NameError:
+        return False

@@ -1,0 +1,111 @@
+"""The experiments of notebook 01, run with ``mpiexec`` and summarised as tables and plots.
+
+Each experiment launches :mod:`exercise_utils.mpi_sgd` (or :mod:`exercise_utils.bench_mpi`)
+through :func:`exercise_utils.launch.mpiexec`, so a hang or crash is killed with all its
+processes and reported.
+
+Used in 01_mpi_parallel_sgd and by ``make demo``.
+"""
+import os
+from pathlib import Path
+
+from . import launch
+from .bench import format_table, line_plot, load_json
+from .config import quick
+
+TIMEOUT = quick(900, 120)   # seconds before a training run is declared hung and killed
+
+
+def run_training(procs, mode="gradient", work="work", out_dir="results", extra=(), echo=True,
+                 timeout=TIMEOUT):
+    """Train with ``procs`` MPI processes; return the result dict written by rank 0."""
+    out = Path(out_dir) / f"01_{mode}_n{procs}.json"
+    if out.exists():
+        out.unlink()
+    launch.mpiexec("exercise_utils.mpi_sgd", procs, ["--work", work, "--mode", mode, "--out",
+                   out, *extra], module=True, timeout=timeout, echo=echo)
+    return load_json(out)
+
+
+def scaling(procs=(1, 2, 4), work="work", out_dir="results", extra=(), echo=True):
+    """Train with each process count (gradient averaging); return table rows with speedups.
+
+    Each row also keeps the full result of its run under ``"result"``.
+    """
+    rows = []
+    for n in procs:
+        print(f"--- {n} process(es) ---", flush=True)
+        r = run_training(n, "gradient", work, out_dir, extra, echo)
+        rows.append({"procs": n, "threads": r["threads"], "cores": os.cpu_count(),
+                     "steps": r["steps_per_epoch"], "epoch_s": r["median_epoch_seconds"],
+                     "accuracy": r["test_accuracy"], "result": r})
+    for row in rows:
+        row["speedup"] = rows[0]["epoch_s"] / row["epoch_s"]
+        row["efficiency"] = row["speedup"] / (row["procs"] / rows[0]["procs"])
+    return rows
+
+
+SCALING_COLUMNS = [("procs", "processes"), ("threads", "threads/proc"), ("cores", "cores"),
+                   ("steps", "steps/epoch"), ("epoch_s", "s/epoch (median)"),
+                   ("speedup", "speedup"), ("efficiency", "efficiency"),
+                   ("accuracy", "test accuracy")]
+SCALING_FORMATS = {"epoch_s": ".2f", "speedup": ".2f", "efficiency": ".0%", "accuracy": ".3f"}
+
+
+def scaling_table(rows):
+    """Format :func:`scaling` rows as a text table."""
+    return format_table(rows, SCALING_COLUMNS, SCALING_FORMATS)
+
+
+def plot_scaling(rows, path="results/01_scaling.png"):
+    """Plot measured speedup against the ideal linear speedup; return the figure."""
+    procs = [r["procs"] for r in rows]
+    return line_plot({"measured": (procs, [r["speedup"] for r in rows]),
+                      "ideal (linear)": (procs, [p / procs[0] for p in procs])},
+                     "MPI processes", "speedup of one epoch", "Data-parallel SGD scaling",
+                     path, xticks=procs)
+
+
+def averaging_comparison(procs=4, work="work", out_dir="results", extra=(), echo=True,
+                         gradient=None):
+    """Compare gradient averaging with one-shot model averaging; return table rows.
+
+    Args:
+        gradient: the result of a gradient-averaging run with ``procs`` processes to reuse
+            (e.g. from :func:`scaling`); trained anew when None.
+    """
+    rows = []
+    for mode in ("gradient", "model"):
+        r = gradient if mode == "gradient" and gradient else None
+        if r is None:
+            print(f"--- {mode} averaging, {procs} processes ---", flush=True)
+            r = run_training(procs, mode, work, out_dir, extra, echo)
+        local = r["local_test_accuracies"]
+        rows.append({"mode": mode, "procs": procs, "epochs": len(r["epochs"]),
+                     "accuracy": r["test_accuracy"],
+                     "local": None if local is None else sum(local) / len(local)})
+    return rows
+
+
+def averaging_table(rows):
+    """Format :func:`averaging_comparison` rows as a text table."""
+    return format_table(rows, [("mode", "averaging"), ("procs", "processes"),
+                               ("epochs", "epochs"), ("local", "mean local-model accuracy"),
+                               ("accuracy", "final test accuracy")],
+                        {"accuracy": ".3f", "local": ".3f"})
+
+
+def pickle_vs_buffer(procs=2, out="results/01_pickle_vs_buffer.json", extra=(), echo=True):
+    """Run :mod:`exercise_utils.bench_mpi`; return its rows."""
+    launch.mpiexec("exercise_utils.bench_mpi", procs, ["--out", out, *extra], module=True,
+                   timeout=TIMEOUT, echo=echo)
+    return load_json(out)["rows"]
+
+
+def plot_pickle_vs_buffer(rows, path="results/01_pickle_vs_buffer.png"):
+    """Plot the median time of each operation against the array size; return the figure."""
+    sizes = [r["size_mb"] for r in rows]
+    keys = ("bcast_pickle", "Bcast_buffer", "allreduce_pickle", "Allreduce_buffer")
+    return line_plot({k: (sizes, [r[k] * 1e3 for r in rows]) for k in keys}, "array size (MiB)",
+                     "median time (ms)", "mpi4py: pickle (lowercase) vs buffer (uppercase)",
+                     path, logx=True, logy=True, xticks=sizes)

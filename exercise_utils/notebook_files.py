@@ -1,0 +1,46 @@
+"""Read the ``%%writefile`` cells of a notebook: the student files an exercise writes.
+
+Tests and ``make demo`` use this to get the reference solution files straight
+from ``solutions/NN_topic.ipynb`` (the one source of truth), instead of keeping
+second copies.
+
+Used by tests and by :mod:`exercise_utils.demo`.
+"""
+import json
+from pathlib import Path
+
+MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+
+
+def writefile_cells(notebook):
+    """Return ``{relative path: file text}`` for every ``%%writefile`` cell of ``notebook``.
+
+    Solution markers are removed (their content kept); a later cell writing the same
+    path wins, as it would when the notebook runs top to bottom.
+    """
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    files = {}
+    for cell in cells:
+        src = "".join(cell.get("source", ""))
+        first, _, body = src.partition("\n")
+        if cell.get("cell_type") == "code" and first.startswith("%%writefile"):
+            target = first.split()[-1]
+            lines = [ln for ln in body.split("\n") if ln.strip() not in MARKERS]
+            files[target] = "\n".join(lines).rstrip("\n") + "\n"
+    return files
+
+
+def extract_writefiles(notebook, dest):
+    """Write the notebook's ``%%writefile`` files under ``dest`` (flattened to their names).
+
+    Returns:
+        dict: file stem -> written Path.
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for target, text in writefile_cells(notebook).items():
+        path = dest / Path(target).name
+        path.write_text(text)
+        written[path.stem] = path
+    return written
