@@ -1,0 +1,118 @@
+"""Notebook 01 (MPI parallel SGD): its checkers against the solution and known-wrong files,
+and the whole notebook autograded as a solution, a blank release and a deadlocked submission."""
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exercise_utils import checks_mpi
+from exercise_utils.notebook_files import extract_writefiles, writefile_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTION = ROOT / "solutions" / "01_mpi_parallel_sgd.ipynb"
+RELEASE = ROOT / "notebooks" / "01_mpi_parallel_sgd.ipynb"
+WRONG = ROOT / "tests" / "wrong"
+CHECKERS = {"shards": checks_mpi.check_shards, "broadcast": checks_mpi.check_broadcast,
+            "allreduce_sgd": checks_mpi.check_allreduce_sgd,
+            "model_averaging": checks_mpi.check_model_averaging,
+            "convergence": checks_mpi.check_convergence}
+TIMEOUT = 45   # a hung wrong file is reported after this
+
+# Each known-wrong file and a fragment of the message its checker must give.
+EXPECTED = {
+    "01_shards_drop_remainder": "covers 9 of 11 samples",
+    "01_shards_last_takes_rest": "may differ by at most one",
+    "01_shards_scatter_ignores_root": "rank 0 raised",
+    "01_broadcast_wrong_root": "must hold rank 1's initial parameters",
+    "01_broadcast_rebinds": "replaced the model's tensors instead of copying into them",
+    "01_allreduce_sgd_sum_not_average": "must equal single-process SGD",
+    "01_allreduce_sgd_per_parameter": "expected exactly one comm.Allreduce per step",
+    "01_allreduce_sgd_rank0_only": "hung: ranks issued different collectives?",
+    "01_model_averaging_root_only": "rank 1 differs by",
+    "01_model_averaging_wrong_divisor": "must hold the mean of all 3 ranks' parameters",
+    "01_convergence_local_loss": "global_loss differs between ranks",
+    "01_convergence_mean_of_means": "expected 0.400000",
+    "01_convergence_seed_bug": "converged(None, 1.0, 0.01) returned 'TypeError",
+}
+
+
+def exercise_of(stem):
+    return next(name for name in CHECKERS if stem[3:].startswith(name))
+
+
+@pytest.fixture(scope="module")
+def solution_files(tmp_path_factory):
+    return extract_writefiles(SOLUTION, tmp_path_factory.mktemp("solution01"))
+
+
+def test_solution_writes_one_file_per_exercise():
+    files = {Path(p).stem for p in writefile_cells(SOLUTION)}
+    assert {f"01_{name}" for name in CHECKERS} <= files
+
+
+@pytest.mark.parametrize("name", sorted(CHECKERS))
+def test_checker_accepts_solution(name, solution_files):
+    CHECKERS[name](solution_files[f"01_{name}"], timeout=90)
+
+
+def test_every_wrong_file_has_an_expected_message_and_every_checker_two():
+    stems = {p.stem for p in WRONG.glob("01_*.py")}
+    assert stems == set(EXPECTED), "tests/wrong/01_* and EXPECTED must list the same files"
+    per_checker = {name: sum(exercise_of(s) == name for s in stems) for name in CHECKERS}
+    assert min(per_checker.values()) >= 2, per_checker
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED))
+def test_checker_rejects_wrong_file(stem):
+    with pytest.raises(AssertionError) as err:
+        CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py", timeout=TIMEOUT)
+    assert EXPECTED[stem] in str(err.value)
+
+
+def test_blank_release_raises_not_implemented(tmp_path):
+    files = extract_writefiles(RELEASE, tmp_path)
+    with pytest.raises(AssertionError, match="not implemented yet: shard_bounds"):
+        checks_mpi.check_shards(files["01_shards"])
+
+
+# ------------------------------------------------------------------ whole notebook
+def deadlocked_submission(path):
+    """The solution, except that average_weights deadlocks (only the root takes part)."""
+    nb = json.loads(SOLUTION.read_text())
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if src.startswith("%%writefile work/01_model_averaging.py"):
+            cell["source"] = ("%%writefile work/01_model_averaging.py\n"
+                              "def average_weights(comm, model, root=0):\n"
+                              "    if comm.Get_rank() == root:\n"
+                              "        comm.gather(None, root=root)   # the others never call it\n")
+    path.write_text(json.dumps(nb, indent=1))
+
+
+@pytest.mark.notebook
+def test_autograde_solution_blank_and_deadlock(tmp_path):
+    course = tmp_path / "course"
+    subs = {"solution": SOLUTION.read_text(), "blank": RELEASE.read_text()}
+    for student, text in subs.items():
+        target = course / "submitted" / student / "01_mpi_parallel_sgd"
+        target.mkdir(parents=True)
+        (target / "01_mpi_parallel_sgd.ipynb").write_text(text)
+    target = course / "submitted" / "deadlock" / "01_mpi_parallel_sgd"
+    target.mkdir(parents=True)
+    deadlocked_submission(target / "01_mpi_parallel_sgd.ipynb")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "autograde",
+                           "--course", str(course), "--cell-timeout", "300"],
+                          capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(course / "grades.csv") as f:
+        scores = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
+    assert scores == {"solution": 11.0, "blank": 0.0, "deadlock": 9.0}, scores
+    graded = json.loads((course / "autograded" / "deadlock" / "01_mpi_parallel_sgd" /
+                         "01_mpi_parallel_sgd.ipynb").read_text())
+    check = next(c for c in graded["cells"] if "".join(c["source"]).startswith(
+        "# CHECK model_averaging"))
+    text = json.dumps(check["outputs"])
+    assert "hung: ranks issued different collectives?" in text

@@ -1,0 +1,13 @@
+"""Wrong: sums the gradients with one Allreduce but forgets to divide by the number of ranks."""
+import torch
+from mpi4py import MPI
+
+
+def average_gradients(comm, model):
+    params = [p for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+        offset += p.numel()

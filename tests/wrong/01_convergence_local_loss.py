@@ -1,0 +1,11 @@
+"""Wrong: each rank decides on its own local loss, so ranks can disagree about stopping."""
+
+
+def global_loss(comm, loss_sum, count):
+    return loss_sum / count
+
+
+def converged(prev_loss, loss, rel_tol):
+    if prev_loss is None:
+        return False
+    return abs(prev_loss - loss) <= rel_tol * abs(prev_loss)

@@ -1,0 +1,11 @@
+"""Wrong: averages the per-rank mean losses, ignoring that ranks hold different sample counts."""
+
+
+def global_loss(comm, loss_sum, count):
+    return comm.allreduce(loss_sum / count) / comm.Get_size()
+
+
+def converged(prev_loss, loss, rel_tol):
+    if prev_loss is None:
+        return False
+    return abs(prev_loss - loss) <= rel_tol * abs(prev_loss)
