@@ -1,0 +1,61 @@
+# Distributed Training from Scratch: make lab | make test | make demo | make release | make autograde
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+COURSE ?= course
+FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: setup data lab demo test release autograde feedback clean help
+help:
+	@echo "make lab        install (once) and open JupyterLab on notebooks/"
+	@echo "make test       run the whole test suite (quick mode)"
+	@echo "make demo       notebook 01's scaling experiment, headless (1, 2, 4 MPI processes)"
+	@echo "make release    regenerate notebooks/ from solutions/ (nbgrader)"
+	@echo "make autograde  grade $(COURSE)/submitted/*/*/*.ipynb and export $(COURSE)/grades.csv"
+	@echo "make feedback   HTML feedback for the autograded submissions"
+
+setup: $(STAMP) data
+
+$(STAMP): pyproject.toml constraints.txt
+	@if [ -x $(PY) ]; then echo "setup: using the existing virtual environment $(VENV)"; \
+	 else echo "setup: creating the virtual environment $(VENV)"; python3 -m venv $(VENV); fi
+	@echo "setup: installing exercise_utils and its dependencies, pinned by constraints.txt (log: $(VENV)/install.log) ..."
+	@$(PY) -m pip install --disable-pip-version-check -c constraints.txt -e ".[dev]" > $(VENV)/install.log 2>&1 \
+	 || { grep -v '^WARNING: Location' $(VENV)/install.log | tail -30; echo "setup: pip install failed"; exit 1; }
+	@$(PY) -c "import torch, torchvision, mpi4py, nbgrader; print('setup: torch', torch.__version__, '| torchvision', torchvision.__version__, '| mpi4py', mpi4py.__version__, '| nbgrader', nbgrader.__version__)"
+	@touch $(STAMP)
+
+data:
+	@if [ -n "$${DTFS_DATA:-}" ]; then echo "setup: datasets from DTFS_DATA=$$DTFS_DATA"; \
+	 elif [ -e $(FASHION) ]; then echo "setup: Fashion-MNIST present (Debian package dataset-fashion-mnist)"; \
+	 elif command -v apt-get > /dev/null; then echo "setup: installing the Debian package dataset-fashion-mnist"; \
+	   ( $(SUDO) apt-get install -y -q dataset-fashion-mnist > /dev/null 2>&1 \
+	     || { $(SUDO) apt-get update -q > /dev/null 2>&1 && $(SUDO) apt-get install -y -q dataset-fashion-mnist > /dev/null 2>&1; } ) \
+	   && echo "setup: installed dataset-fashion-mnist" \
+	   || echo "setup: could not install dataset-fashion-mnist (no root?). Run: sudo apt-get install dataset-fashion-mnist, or see README > Data"; \
+	 else echo "setup: no apt-get here: see README > Data to provide MNIST or Fashion-MNIST"; fi
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/
+
+demo: setup
+	$(PY) -m exercise_utils.demo
+
+test: setup
+	DTFS_QUICK=1 $(PY) -m pytest tests
+
+release: $(STAMP)
+	$(PY) scripts/course.py release
+
+autograde: $(STAMP)
+	$(PY) scripts/course.py autograde --course $(COURSE)
+
+feedback: $(STAMP)
+	$(PY) scripts/course.py feedback --course $(COURSE)
+
+clean:
+	rm -rf work results notebooks/work notebooks/results .pytest_cache
