@@ -35,7 +35,7 @@ EXPECTED = {
     "01_model_averaging_wrong_divisor": "must hold the mean of all 3 ranks' parameters",
     "01_convergence_local_loss": "global_loss differs between ranks",
     "01_convergence_mean_of_means": "expected 0.400000",
-    "01_convergence_seed_bug": "converged(None, 1.0, 0.01) returned 'TypeError",
+    "01_convergence_seed_bug": "converged(None, 1.0, 0.01) raised TypeError",
 }
 
 
