@@ -93,7 +93,9 @@ def _raise_student_errors(tmp, world_size, path):
     """Turn the first error a rank reported into an AssertionError for the student."""
     reports = [(r, pickle.loads((Path(tmp) / f"rank{r}.pkl").read_bytes()))
                for r in range(world_size) if (Path(tmp) / f"rank{r}.pkl").exists()]
-    errors = [(r, rep) for r, rep in reports if not rep["ok"]]
+    # The first rank to fail is the cause; later errors are usually its consequence
+    # (e.g. gloo's "Connection closed by peer" on the ranks that were waiting for it).
+    errors = sorted(((r, rep) for r, rep in reports if not rep["ok"]), key=lambda e: e[1]["time"])
     if not errors:
         return
     for r, rep in errors:

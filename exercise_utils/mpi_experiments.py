@@ -13,13 +13,17 @@ from . import launch
 from .bench import format_table, line_plot, load_json
 from .config import quick
 
-TIMEOUT = quick(900, 120)   # seconds before a training run is declared hung and killed
+TIMEOUT = quick(900, 60)    # seconds before a training run is declared hung and killed
 
 
 def run_training(procs, mode="gradient", work="work", out_dir="results", extra=(), echo=True,
-                 timeout=TIMEOUT):
-    """Train with ``procs`` MPI processes; return the result dict written by rank 0."""
-    out = Path(out_dir) / f"01_{mode}_n{procs}.json"
+                 timeout=TIMEOUT, name=None):
+    """Train with ``procs`` MPI processes; return the result dict written by rank 0.
+
+    ``extra`` holds more options of :mod:`exercise_utils.mpi_sgd` (e.g. ``("--epochs", "5")``);
+    ``name`` names the JSON file (default: the mode).
+    """
+    out = Path(out_dir) / f"01_{name or mode}_n{procs}.json"
     if out.exists():
         out.unlink()
     launch.mpiexec("exercise_utils.mpi_sgd", procs, ["--work", work, "--mode", mode, "--out",
@@ -70,18 +74,24 @@ def averaging_comparison(procs=4, work="work", out_dir="results", extra=(), echo
                          gradient=None):
     """Compare gradient averaging with one-shot model averaging; return table rows.
 
+    Three runs: gradient averaging; model averaging from a common start (broadcast);
+    model averaging with every rank's own random start (``--no-broadcast``).
+
     Args:
         gradient: the result of a gradient-averaging run with ``procs`` processes to reuse
             (e.g. from :func:`scaling`); trained anew when None.
     """
+    runs = [("gradient", "yes", ()), ("model", "yes", ()), ("model", "no", ("--no-broadcast",))]
     rows = []
-    for mode in ("gradient", "model"):
+    for mode, common, flags in runs:
         r = gradient if mode == "gradient" and gradient else None
         if r is None:
-            print(f"--- {mode} averaging, {procs} processes ---", flush=True)
-            r = run_training(procs, mode, work, out_dir, extra, echo)
+            print(f"--- {mode} averaging, {procs} processes, common start: {common} ---",
+                  flush=True)
+            r = run_training(procs, mode, work, out_dir, (*extra, *flags), echo,
+                             name=f"{mode}_{'bcast' if common == 'yes' else 'own'}")
         local = r["local_test_accuracies"]
-        rows.append({"mode": mode, "procs": procs, "epochs": len(r["epochs"]),
+        rows.append({"mode": mode, "start": common, "procs": procs, "epochs": len(r["epochs"]),
                      "accuracy": r["test_accuracy"],
                      "local": None if local is None else sum(local) / len(local)})
     return rows
@@ -89,7 +99,8 @@ def averaging_comparison(procs=4, work="work", out_dir="results", extra=(), echo
 
 def averaging_table(rows):
     """Format :func:`averaging_comparison` rows as a text table."""
-    return format_table(rows, [("mode", "averaging"), ("procs", "processes"),
+    return format_table(rows, [("mode", "averaging"), ("start", "common start"),
+                               ("procs", "processes"),
                                ("epochs", "epochs"), ("local", "mean local-model accuracy"),
                                ("accuracy", "final test accuracy")],
                         {"accuracy": ".3f", "local": ".3f"})

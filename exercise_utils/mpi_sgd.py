@@ -51,6 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--momentum", type=float, default=MOMENTUM)
     p.add_argument("--rel-tol", type=float, default=REL_TOL)
     p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--no-broadcast", action="store_true",
+                   help="skip broadcast_parameters: every rank keeps its own random init")
     p.add_argument("--out", default=None, help="JSON file for the results (rank 0 writes it)")
     return p.parse_args(argv)
 
@@ -96,7 +98,8 @@ def train(args, comm, work):
                                          else (None, None), root=0)
     torch.manual_seed(1000 + rank)                  # different on purpose: broadcast fixes it
     model = MPINet()
-    work["broadcast"].broadcast_parameters(comm, model, root=0)
+    if not args.no_broadcast:
+        work["broadcast"].broadcast_parameters(comm, model, root=0)
     local_batch = max(1, args.global_batch // size)
     steps = comm.allreduce(len(x) // local_batch, op=MPI.MIN)   # same step count on every rank
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
@@ -148,7 +151,8 @@ def finish(args, comm, work, model, test_set, history, steps, local_batch, shard
     if rank != 0:
         return None
     secs = sorted(h["seconds"] for h in history)
-    return {"procs": comm.Get_size(), "mode": args.mode, "threads": int(os.environ.get(
+    return {"procs": comm.Get_size(), "mode": args.mode, "broadcast": not args.no_broadcast,
+            "threads": int(os.environ.get(
         "OMP_NUM_THREADS", "0") or 0), "dataset": args.dataset, "shard_sizes": shards,
         "local_batch": local_batch, "steps_per_epoch": steps, "epochs": history,
         "median_epoch_seconds": secs[len(secs) // 2],

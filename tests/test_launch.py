@@ -160,3 +160,34 @@ def test_free_port_given_to_gloo_jobs(tmp_path):
     script = write(tmp_path, "port.py", "import os; print(os.environ.get('MASTER_PORT'))")
     out = launch.python(script, timeout=30, echo=False, env={"MASTER_PORT": "12345"}).output
     assert out.strip() == "12345"
+
+
+def test_torchrun_runs_gloo_workers(tmp_path):
+    script = write(tmp_path, "ddp_hello.py", """
+        import datetime, torch, torch.distributed as dist
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+        t = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(t)
+        print(f"rank {dist.get_rank()} sum {t.item():g}", flush=True)
+        dist.barrier()
+        dist.destroy_process_group()
+        """)
+    out = launch.torchrun(script, 2, timeout=120, echo=False).output
+    assert "rank 0 sum 3" in out and "rank 1 sum 3" in out
+
+
+def test_torchrun_hang_kills_workers(tmp_path):
+    pidfile = tmp_path / "pids"
+    script = write(tmp_path, "ddp_hang.py", """
+        import datetime, os, sys, torch, torch.distributed as dist
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+        with open(sys.argv[1], "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        if dist.get_rank() == 0:
+            dist.all_reduce(torch.ones(1))      # rank 1 never joins
+        dist.barrier()
+        """)
+    with pytest.raises(launch.LaunchTimeout):
+        launch.torchrun(script, 2, [pidfile], timeout=25, echo=False)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
