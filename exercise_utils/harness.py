@@ -76,9 +76,7 @@ def _launch(worker_args, world_size, backend, timeout, what):
                        label=False, **quiet)
     else:
         launch.run([sys.executable, "-m", "exercise_utils.rankworker", "--spawn",
-                    str(world_size), *worker_args], nprocs=world_size,
-                   env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(launch.free_port())},
-                   **quiet)
+                    str(world_size), *worker_args], nprocs=world_size, **quiet)
 
 
 def _load(tmp, rank):

@@ -151,7 +151,8 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
     Args:
         cmd: list of program arguments.
         timeout: seconds before the whole process tree is killed and LaunchTimeout raised.
-        env: extra environment variables (added to os.environ).
+        env: extra environment variables (added to os.environ). MASTER_ADDR=127.0.0.1 and a
+            fresh free MASTER_PORT are set unless ``env`` gives them.
         cwd: working directory.
         echo: print output lines as they arrive (they are always collected).
         what: short description used in error messages (default: the command line).
@@ -168,7 +169,8 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
     cmd = [str(c) for c in cmd]
     what = what or f"`{_describe(cmd)}`"
     tag = f"{os.getpid()}:{uuid.uuid4().hex}"    # owner pid first: see tests/conftest.py
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), TAG: tag}
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()), **(env or {}), TAG: tag}
     threads = threads_per_process or max(1, (os.cpu_count() or 1) // max(1, nprocs))
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if threads_per_process or var not in os.environ:

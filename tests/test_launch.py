@@ -156,10 +156,14 @@ def test_mpiexec_rejects_bad_process_count():
         launch.mpiexec("x.py", 0)
 
 
-def test_free_port_given_to_gloo_jobs(tmp_path):
-    script = write(tmp_path, "port.py", "import os; print(os.environ.get('MASTER_PORT'))")
+def test_every_run_gets_a_fresh_master_port(tmp_path, monkeypatch):
+    monkeypatch.setenv("MASTER_PORT", "1")            # a stale value from the environment
+    script = write(tmp_path, "port.py", "import os; print(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])")
+    first = launch.python(script, timeout=30, echo=False).output.split()
+    second = launch.python(script, timeout=30, echo=False).output.split()
+    assert first[0] == "127.0.0.1" and first[1] != "1" and first[1] != second[1]
     out = launch.python(script, timeout=30, echo=False, env={"MASTER_PORT": "12345"}).output
-    assert out.strip() == "12345"
+    assert out.split()[1] == "12345"
 
 
 def test_torchrun_runs_gloo_workers(tmp_path):

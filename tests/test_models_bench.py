@@ -1,0 +1,78 @@
+"""Models of the course, benchmark helpers and the notebook-file extractor."""
+import json
+
+import pytest
+import torch
+
+from exercise_utils import bench, models
+from exercise_utils.notebook_files import extract_writefiles, writefile_cells
+
+
+def test_cnns_take_mnist_images():
+    x = torch.randn(3, 1, 28, 28)
+    assert models.MPINet()(x).shape == (3, 10)
+    net = models.DropoutNet().eval()
+    out = net(x)
+    assert out.shape == (3, 10)
+    assert torch.allclose(out.exp().sum(1), torch.ones(3), atol=1e-5), "log-probabilities"
+
+
+def test_dropout_net_is_deterministic_in_eval_only():
+    net, x = models.DropoutNet(), torch.randn(4, 1, 28, 28)
+    torch.manual_seed(0)
+    assert not torch.allclose(net.train()(x), net(x))
+    assert torch.allclose(net.eval()(x), net(x))
+
+
+def test_frozen_and_tied_parameters():
+    net = models.FrozenTiedNet()
+    assert net.decoder.weight is net.encoder.weight
+    net(torch.randn(5, 12)).sum().backward()
+    assert net.frozen.grad is None and net.encoder.weight.grad is not None
+    names = [n for n, _ in net.named_parameters()]
+    assert "decoder.weight" not in names          # a tied tensor is listed once
+    assert models.count_parameters(net) == 12 * 12 + 12 + 12 * 3 + 3
+
+
+def test_bn_net_has_running_buffers():
+    net = models.BNNet()
+    before = net.bn.running_mean.clone()
+    net(torch.randn(8, 10))
+    assert not torch.equal(before, net.bn.running_mean)
+
+
+def test_time_it_warms_up_and_repeats():
+    calls = []
+    result = bench.time_it(lambda: calls.append(1), warmup=2, repeats=5)
+    assert len(calls) == 7 and len(result["all"]) == 5
+    assert result["min"] <= result["median"]
+    with pytest.raises(ValueError):
+        bench.time_it(lambda: None, repeats=0)
+
+
+def test_format_table_aligns_and_formats():
+    text = bench.format_table([{"n": 1, "t": 0.5}, {"n": 16, "t": None}],
+                              [("n", "procs"), ("t", "seconds")], {"t": ".2f"})
+    lines = text.splitlines()
+    assert lines[0].split() == ["procs", "seconds"] and lines[2].split() == ["1", "0.50"]
+    assert lines[3].split() == ["16", "-"] and len({len(l) for l in lines}) == 1
+
+
+def test_save_json_and_plot(tmp_path):
+    path = bench.save_json(tmp_path / "a" / "r.json", {"x": [1, 2]})
+    assert bench.load_json(path) == {"x": [1, 2]}
+    bench.line_plot({"s": ([1, 2], [3, 4])}, "x", "y", "t", tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_writefile_cells_strip_solution_markers(tmp_path):
+    nb = {"cells": [
+        {"cell_type": "code", "source": "%%writefile work/01_a.py\ndef f():\n"
+         "    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n"},
+        {"cell_type": "markdown", "source": "%%writefile work/no.py\n"},
+        {"cell_type": "code", "source": "print(1)"}], "metadata": {}}
+    path = tmp_path / "n.ipynb"
+    path.write_text(json.dumps(nb))
+    assert writefile_cells(path) == {"work/01_a.py": "def f():\n    return 1\n"}
+    files = extract_writefiles(path, tmp_path / "out")
+    assert files["01_a"].read_text() == "def f():\n    return 1\n"
