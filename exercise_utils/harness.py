@@ -96,10 +96,12 @@ def _raise_student_errors(tmp, world_size, path):
     errors = sorted(((r, rep) for r, rep in reports if not rep["ok"]), key=lambda e: e[1]["time"])
     if not errors:
         return
-    for r, rep in errors:
-        if rep["type"] == "NotImplementedError":
-            raise AssertionError(f"not implemented yet: {rep['where']} in {path} still raises "
-                                 f"NotImplementedError. Replace the `raise` line with your code.")
+    todo = list(dict.fromkeys(rep["where"] for _, rep in errors
+                              if rep["type"] == "NotImplementedError"))
+    if todo:
+        raise AssertionError(f"not implemented yet: {', '.join(todo)} in {path} still raise"
+                             f"{'s' if len(todo) == 1 else ''} NotImplementedError. Replace the "
+                             f"`raise` line with your code, then run the %%writefile cell again.")
     rank, rep = errors[0]
     if rep["type"] == "AssertionError" and rep.get("checker"):
         prefix = f"rank {rank}: " if world_size > 1 else ""

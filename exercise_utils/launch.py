@@ -178,7 +178,7 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
     lines, partial = [], [""]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
-                            env=full_env, start_new_session=True)
+                            env=full_env, start_new_session=True, preexec_fn=_die_with_parent)
     seen = {proc.pid: psutil.Process(proc.pid)}
     status = "interrupted"
     try:
@@ -219,6 +219,14 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
             f"{_signal_name(proc.returncode)}; its remaining processes were killed.\n"
             f"--- last output ---\n{_tail(lines)}", cmd, proc.returncode, output)
     return RunResult(cmd, proc.returncode, output, seconds, killed)
+
+
+def _die_with_parent():
+    """In the child: ask Linux for SIGTERM when the launching process dies (even by SIGKILL,
+    e.g. a notebook kernel restart), so mpiexec / torchrun stop their workers too."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
 
 
 def _signal_name(code):

@@ -110,6 +110,8 @@ def test_ctrl_c_kills_everything(tmp_path):
     pidfile = tmp_path / "pid"
     script = write(tmp_path, "hang.py", SESSION_CHILD + "import time\ntime.sleep(600)\n")
     driver = write(tmp_path, "driver.py", f"""
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal or kernel
         from exercise_utils import launch
         launch.python({str(script)!r}, [{str(pidfile)!r}], timeout=600)
         """)
@@ -195,3 +197,31 @@ def test_torchrun_hang_kills_workers(tmp_path):
         launch.torchrun(script, 2, [pidfile], timeout=25, echo=False)
     pids = [int(p) for p in pidfile.read_text().split()]
     assert len(pids) == 2 and not any(alive(p) for p in pids)
+
+
+def test_killed_launcher_takes_mpi_workers_with_it(tmp_path):
+    pidfile = tmp_path / "pids"
+    script = write(tmp_path, "wait.py", """
+        import os, sys, time
+        from mpi4py import MPI
+        with open(sys.argv[1], "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        MPI.COMM_WORLD.Barrier()
+        time.sleep(600)
+        """)
+    driver = write(tmp_path, "driver.py", f"""
+        from exercise_utils import launch
+        launch.mpiexec({str(script)!r}, 2, [{str(pidfile)!r}], timeout=600)
+        """)
+    proc = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(pidfile.read_text().split() if pidfile.exists() else []) < 2:
+        assert time.monotonic() < deadline, "the MPI workers did not start"
+        time.sleep(0.2)
+    proc.kill()                                   # like a kernel killed by a restart
+    proc.wait()
+    pids = [int(p) for p in pidfile.read_text().split()]
+    deadline = time.monotonic() + 20
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids), "workers survived their launcher"
