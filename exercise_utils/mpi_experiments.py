@@ -62,10 +62,13 @@ def scaling_table(rows):
 
 
 def plot_scaling(rows, path="results/01_scaling.png"):
-    """Plot measured speedup against the ideal linear speedup; return the figure."""
+    """Plot measured speedup against linear speedup and the limit of the cores; return the figure."""
     procs = [r["procs"] for r in rows]
+    cores = rows[0]["cores"] or 1
     return line_plot({"measured": (procs, [r["speedup"] for r in rows]),
-                      "ideal (linear)": (procs, [p / procs[0] for p in procs])},
+                      "ideal (linear)": (procs, [p / procs[0] for p in procs]),
+                      f"best possible with {cores} cores": (
+                          procs, [min(p, cores) / min(procs[0], cores) for p in procs])},
                      "MPI processes", "speedup of one epoch", "Data-parallel SGD scaling",
                      path, xticks=procs)
 
