@@ -83,8 +83,7 @@ def run_one(args):
     except BaseException as exc:  # noqa: BLE001 - everything a student file can do
         where, text = _student_frames(exc, args.student)
         _report(args.out, ctx.rank, {"ok": False, "type": type(exc).__name__, "message": str(exc),
-                                     "where": where, "traceback": text, "time": time.time(),
-                                     "checker": getattr(exc, "from_checker", False)})
+                                     "where": where, "traceback": text, "time": time.time()})
         if ctx.backend == "mpi":
             ctx.comm.Abort(1)
         return 1
