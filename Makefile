@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 COURSE ?= course
 FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+LAB_FLAGS := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)   # containers and Colab run as root
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup data lab demo test release autograde feedback clean help
@@ -40,7 +41,7 @@ data:
 	 else echo "setup: no apt-get here: see README > Data to provide MNIST or Fashion-MNIST"; fi
 
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/
 
 demo: setup
 	$(PY) -m exercise_utils.demo
