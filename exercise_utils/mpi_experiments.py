@@ -119,7 +119,10 @@ def pickle_vs_buffer(procs=2, out="results/01_pickle_vs_buffer.json", extra=(), 
 def plot_pickle_vs_buffer(rows, path="results/01_pickle_vs_buffer.png"):
     """Plot the median time of each operation against the array size; return the figure."""
     sizes = [r["size_mb"] for r in rows]
-    keys = ("bcast_pickle", "Bcast_buffer", "allreduce_pickle", "Allreduce_buffer")
-    return line_plot({k: (sizes, [r[k] * 1e3 for r in rows]) for k in keys}, "array size (MiB)",
+    labels = {"bcast_pickle": "comm.bcast (pickle)", "Bcast_buffer": "comm.Bcast (buffer)",
+              "allreduce_pickle": "comm.allreduce (pickle)",
+              "Allreduce_buffer": "comm.Allreduce (buffer)"}
+    return line_plot({label: (sizes, [r[k] * 1e3 for r in rows]) for k, label in labels.items()},
+                     "array size (MiB)",
                      "median time (ms)", "mpi4py: pickle (lowercase) vs buffer (uppercase)",
                      path, logx=True, logy=True, xticks=sizes)
