@@ -56,12 +56,12 @@ def _numel(buf):
 SHARD_CASES = [(n, s) for n in (11, 13, 10, 61, 60, 5, 2, 1, 0) for s in (3, 2, 4, 5, 7, 1)]
 
 
-def probe_shard_bounds(student, ctx, cases):
+def _student_bounds(student, cases):
     return [[tuple(int(v) for v in b) for b in student.shard_bounds(n, s)] for n, s in cases]
 
 
 def probe_scatter(student, ctx, n, root):
-    bounds = probe_shard_bounds(student, ctx, SHARD_CASES) if ctx.rank == 0 else None
+    bounds = _student_bounds(student, SHARD_CASES) if ctx.rank == 0 else None
     x = y = None
     if ctx.rank == root:
         x = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3)
@@ -88,12 +88,6 @@ def _check_bounds(n, size, bounds):
                              f"order with the larger ones first, like numpy.array_split: {expected}")
 
 
-def _array_split(n, size):
-    parts = np.array_split(np.arange(n), size)
-    starts = np.cumsum([0] + [len(p) for p in parts[:-1]])
-    return list(zip(parts, starts))
-
-
 def check_shards(path, timeout=TIMEOUT):
     """Check ``shard_bounds`` and ``scatter_shards`` of ``path`` (world sizes 2 and 3)."""
     for size, n, root in ((3, 11, 0), (2, 7, 1)):
@@ -110,7 +104,10 @@ def check_shards(path, timeout=TIMEOUT):
 
 
 def _bounds(n, size):
-    return [(int(s), int(s) + len(p)) for p, s in _array_split(n, size)]
+    """The reference shards: contiguous, rank order, the first n % size one sample larger."""
+    base, extra = divmod(n, size)
+    stops = np.cumsum([base + (r < extra) for r in range(size)])
+    return [(int(stop - base - (r < extra)), int(stop)) for r, stop in enumerate(stops)]
 
 
 # ---------------------------------------------------------------- broadcast

@@ -53,20 +53,26 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=60
         try:
             _launch(worker_args, world_size, backend, timeout, what)
         except launch.LaunchTimeout:
-            _raise_student_errors(tmp, world_size, path)
-            done = [r for r in range(world_size) if (Path(tmp) / f"rank{r}.pkl").exists()]
-            stuck = [r for r in range(world_size) if r not in done]
+            reports = _reports(tmp, world_size)
+            _raise_student_errors(reports, path)
+            done = sorted(reports)
+            stuck = [r for r in range(world_size) if r not in reports]
             raise AssertionError(
                 f"{what} hung: no result after {timeout} s with {world_size} {backend} "
                 f"processes (ranks finished: {done or 'none'}; ranks still waiting: {stuck}); "
                 f"all were killed. hung: ranks issued different collectives? Every rank must "
                 f"call the same collectives, in the same order, with matching sizes.") from None
         except launch.LaunchError as err:
-            _raise_student_errors(tmp, world_size, path)
+            _raise_student_errors(_reports(tmp, world_size), path)
             raise AssertionError(f"{what}: the worker processes failed before reporting a "
                                  f"result.\n{err}") from None
-        _raise_student_errors(tmp, world_size, path)
-        return [_load(tmp, r)["value"] for r in range(world_size)]
+        reports = _reports(tmp, world_size)
+        _raise_student_errors(reports, path)
+        missing = [r for r in range(world_size) if r not in reports]
+        if missing:
+            raise AssertionError(f"rank {missing[0]} finished without reporting a result "
+                                 f"(did your code call sys.exit or MPI Finalize?)")
+        return [reports[r]["value"] for r in range(world_size)]
 
 
 def _launch(worker_args, world_size, backend, timeout, what):
@@ -79,21 +85,18 @@ def _launch(worker_args, world_size, backend, timeout, what):
                     str(world_size), *worker_args], nprocs=world_size, **quiet)
 
 
-def _load(tmp, rank):
-    file = Path(tmp) / f"rank{rank}.pkl"
-    if not file.exists():
-        raise AssertionError(f"rank {rank} finished without reporting a result "
-                             f"(did your code call sys.exit or MPI Finalize?)")
-    return pickle.loads(file.read_bytes())
+def _reports(tmp, world_size):
+    """Read the reports the ranks wrote: {rank: report} for the ranks that wrote one."""
+    files = {r: Path(tmp) / f"rank{r}.pkl" for r in range(world_size)}
+    return {r: pickle.loads(f.read_bytes()) for r, f in files.items() if f.exists()}
 
 
-def _raise_student_errors(tmp, world_size, path):
+def _raise_student_errors(reports, path):
     """Turn the first error a rank reported into an AssertionError for the student."""
-    reports = [(r, pickle.loads((Path(tmp) / f"rank{r}.pkl").read_bytes()))
-               for r in range(world_size) if (Path(tmp) / f"rank{r}.pkl").exists()]
     # The first rank to fail is the cause; later errors are usually its consequence
     # (e.g. gloo's "Connection closed by peer" on the ranks that were waiting for it).
-    errors = sorted(((r, rep) for r, rep in reports if not rep["ok"]), key=lambda e: e[1]["time"])
+    errors = sorted(((r, rep) for r, rep in reports.items() if not rep["ok"]),
+                    key=lambda e: e[1]["time"])
     if not errors:
         return
     todo = list(dict.fromkeys(rep["where"] for _, rep in errors

@@ -78,11 +78,17 @@ def find_executable(name):
 
 
 def tagged_processes(tag):
-    """Return every live process whose environment carries ``DTFS_LAUNCH_TAG=tag``."""
+    """Return every live process whose environment carries ``DTFS_LAUNCH_TAG=tag``.
+
+    ``tag`` may also be a predicate called with each process's tag value.
+    """
+    match = tag if callable(tag) else tag.__eq__
     found = []
     for proc in psutil.process_iter(["pid"]):
         try:
-            if proc.pid != os.getpid() and proc.environ().get(TAG) == tag:
+            value = proc.environ().get(TAG)
+            if (proc.pid != os.getpid() and value and match(value)
+                    and proc.status() != psutil.STATUS_ZOMBIE):
                 found.append(proc)
         except (psutil.Error, OSError):
             continue

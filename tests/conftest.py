@@ -6,8 +6,14 @@ from pathlib import Path
 import psutil
 import pytest
 
+from exercise_utils import launch
+
 ROOT = Path(__file__).resolve().parents[1]
-TAG = "DTFS_LAUNCH_TAG"
+
+
+def _ours_or_orphaned(tag):
+    owner = tag.split(":")[0]
+    return owner.isdigit() and (int(owner) == os.getpid() or not psutil.pid_exists(int(owner)))
 
 
 def tagged_pids():
@@ -17,18 +23,7 @@ def tagged_pids():
     The tag is ``<launcher pid>:<id>``; processes of launches that are still running in
     other programs (another pytest worker, a notebook) are not ours to judge.
     """
-    pids = set()
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            tag = proc.environ().get(TAG)
-            if not tag or proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-            owner = int(tag.split(":")[0])
-            if owner == os.getpid() or not psutil.pid_exists(owner):
-                pids.add(proc.pid)
-        except (psutil.Error, OSError, ValueError):
-            continue
-    return pids
+    return {p.pid for p in launch.tagged_processes(_ours_or_orphaned)}
 
 
 @pytest.fixture(autouse=True)
