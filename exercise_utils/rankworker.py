@@ -13,6 +13,7 @@ Launched by the harness, e.g.::
 Used by every checker (01_mpi_parallel_sgd onwards).
 """
 import argparse
+import gc
 import datetime
 import importlib
 import importlib.util
@@ -68,6 +69,7 @@ def _context(args):
 def _finish(ctx):
     if ctx.backend == "gloo":
         import torch.distributed as dist
+        gc.collect()    # objects holding the group freed at exit can abort gloo ("terminate called")
         dist.barrier()
         dist.destroy_process_group()
 
