@@ -1,0 +1,123 @@
+"""Notebook 02 (shared-memory Hogwild): its checkers against the solution and known-wrong
+files, the experiment script's helpers, and the whole notebook autograded as a solution and
+as a blank release."""
+import csv
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from exercise_utils import checks_hogwild, checks_sampler, hogwild, hogwild_experiments
+from exercise_utils.notebook_files import extract_writefiles, writefile_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+STEM = "02_shared_memory_hogwild"
+SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
+RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
+WRONG = ROOT / "tests" / "wrong"
+CHECKERS = {"sampler": checks_sampler.check_sampler, "hogwild": checks_hogwild.check_hogwild}
+POINTS = 8.0            # 3 (sampler) + 5 (hogwild)
+
+# Each known-wrong file and a fragment of the message its checker must give.
+EXPECTED = {
+    "02_sampler_ignores_epoch": "partition_indices ignores the epoch",
+    "02_sampler_drops_before_shuffle": "drops samples [9]; DistributedSampler drops the last 1",
+    "02_sampler_pads_last_sample": "pads with samples [2, 2]",
+    "02_sampler_contiguous_blocks": "other samples than DistributedSampler",
+    "02_hogwild_private_copies": "the model in the parent process is unchanged",
+    "02_hogwild_same_data": "read 720 samples; it must read exactly its own partition",
+    "02_hogwild_no_set_epoch": "call sampler.set_epoch(epoch)",
+    "02_hogwild_ignores_crash": "returned normally although one worker crashed",
+    "02_hogwild_no_thread_limit": "call torch.set_num_threads(threads) in the worker",
+}
+
+
+def exercise_of(stem):
+    return next(name for name in CHECKERS if stem[3:].startswith(name))
+
+
+@pytest.fixture(scope="module")
+def solution_files(tmp_path_factory):
+    return extract_writefiles(SOLUTION, tmp_path_factory.mktemp("solution02"))
+
+
+def test_solution_writes_one_file_per_exercise():
+    files = {Path(p).stem for p in writefile_cells(SOLUTION)}
+    assert {f"02_{name}" for name in CHECKERS} <= files
+
+
+@pytest.mark.parametrize("name", sorted(CHECKERS))
+def test_checker_accepts_solution(name, solution_files):
+    CHECKERS[name](solution_files[f"02_{name}"])
+
+
+def test_every_wrong_file_has_an_expected_message_and_every_checker_two():
+    stems = {p.stem for p in WRONG.glob("02_*.py")}
+    assert stems == set(EXPECTED), "tests/wrong/02_* and EXPECTED must list the same files"
+    per_checker = {name: sum(exercise_of(s) == name for s in stems) for name in CHECKERS}
+    assert min(per_checker.values()) >= 2, per_checker
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED))
+def test_checker_rejects_wrong_file(stem):
+    with pytest.raises(AssertionError) as err:
+        CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py")
+    assert EXPECTED[stem] in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def blank_files(tmp_path_factory):
+    return extract_writefiles(RELEASE, tmp_path_factory.mktemp("blank02"))
+
+
+@pytest.mark.parametrize("name", sorted(CHECKERS))
+def test_blank_release_is_not_implemented_yet(name, blank_files):
+    with pytest.raises(AssertionError, match="not implemented yet: "):
+        CHECKERS[name](blank_files[f"02_{name}"])
+
+
+def test_sampler_reference_is_torch():
+    """The checker's own reference and its case list (no student code involved)."""
+    cases = checks_sampler.sampler_cases()
+    assert len(cases) > 500 and any(n < r for n, r, *_ in cases)
+    assert checks_sampler.reference_partition(2, 3, 2, False, 0, 0, False) == [0]
+    assert checks_sampler.reference_partition(10, 3, 0, False, 0, 0, True) == [0, 3, 6]
+
+
+def test_parse_run():
+    assert hogwild.parse_run("serial", cores=2) == (0, 2)
+    assert hogwild.parse_run("serialx1", cores=2) == (0, 1)
+    assert hogwild.parse_run("2x1", cores=2) == (2, 1)
+    assert hogwild.parse_run("4x", cores=2) == (4, 1)
+    assert hogwild.parse_run("2xauto", cores=8) == (2, 4)
+    with pytest.raises(ValueError):
+        hogwild.parse_run("0x1")
+
+
+def test_epoch_orders_shows_the_forgotten_set_epoch():
+    lines = hogwild_experiments.epoch_orders(12, 2, 2, set_epoch=False).splitlines()
+    assert lines[1].split(":")[1] == lines[3].split(":")[1]       # epoch 0 == epoch 1
+    lines = hogwild_experiments.epoch_orders(12, 2, 2, set_epoch=True).splitlines()
+    assert lines[1].split(":")[1] != lines[3].split(":")[1]
+
+
+# ------------------------------------------------------------------ whole notebook
+@pytest.mark.notebook
+def test_autograde_solution_and_blank(tmp_path):
+    course = tmp_path / "course"
+    for student, source in (("solution", SOLUTION), ("blank", RELEASE)):
+        target = course / "submitted" / student / STEM
+        target.mkdir(parents=True)
+        (target / f"{STEM}.ipynb").write_text(source.read_text())
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "autograde",
+                           "--course", str(course), "--cell-timeout", "300"],
+                          capture_output=True, text=True, timeout=1500)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(course / "grades.csv") as f:
+        scores = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
+    assert scores == {"solution": POINTS, "blank": 0.0}, scores
+    assert seconds < 300, f"autograding the solution and the blank release took {seconds:.0f} s"

@@ -1,0 +1,22 @@
+"""Wrong: pads by repeating the last sample of the order instead of the order from its start."""
+import math
+
+import torch
+
+
+def partition_indices(dataset_len, num_replicas, rank, shuffle=True, seed=0, epoch=0,
+                      drop_last=False):
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        order = torch.randperm(dataset_len, generator=g).tolist()
+    else:
+        order = list(range(dataset_len))
+    if drop_last:
+        total = (dataset_len // num_replicas) * num_replicas
+        order = order[:total]
+    else:
+        total = math.ceil(dataset_len / num_replicas) * num_replicas
+        if order:
+            order += [order[-1]] * (total - len(order))
+    return order[rank:total:num_replicas]
