@@ -1,0 +1,13 @@
+"""Wrong: weights each rank's gradient by its sample count n_r, but divides the sum by the
+number of ranks instead of by the total number of samples N."""
+import torch
+import torch.distributed as dist
+
+
+def average_gradients(model, num_samples, group=None):
+    world_size = dist.get_world_size(group)
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad *= num_samples
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+            p.grad /= world_size
