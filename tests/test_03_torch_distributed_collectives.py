@@ -1,0 +1,335 @@
+"""Notebook 03 (torch.distributed collectives): its checkers against the solution, the
+known-wrong files and the blank release; the ring benchmark; the config-driven runner, the
+five seed experiments and the uneven-batch hang; the whole notebook autograded as the
+solution and as the blank release."""
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from exercise_utils import bench_ring, checks_dist, checks_ring, dist_demos, dist_train
+from exercise_utils import dist_experiments as de
+from exercise_utils.harness import run_ranks
+from exercise_utils.notebook_files import extract_writefiles, writefile_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+STEM = "03_torch_distributed_collectives"
+SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
+RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
+WRONG = ROOT / "tests" / "wrong"
+CHECKERS = {"ring_allreduce": checks_ring.check_ring_allreduce,
+            "partition": checks_dist.check_partition,
+            "average_gradients": checks_dist.check_average_gradients,
+            "sync_batchnorm": checks_dist.check_sync_batchnorm}
+POINTS = 10
+TIMEOUT = 45            # a hung wrong file is reported after this
+HANG_TIMEOUT = 15       # for the file that must hang: every launch of it ends in a timeout
+
+# Each known-wrong file and a fragment of the message its checker must give.
+EXPECTED = {
+    "03_ring_allreduce_whole_tensor": "rank 0 sent a message of 1007 elements for a tensor of "
+                                      "1007 elements on 2 ranks: a ring sends chunks of about "
+                                      "numel/world_size = 504 elements",
+    "03_ring_allreduce_floor_chunks": "Only the last numel % world_size = 1 elements are wrong",
+    "03_ring_allreduce_no_all_gather": "Rank 0 sent 1 message; a ring all-reduce sends "
+                                       "2 * (world_size - 1) = 2",
+    "03_ring_allreduce_chunk_all_reduce": "rank 0 called dist.all_reduce inside ring_all_reduce",
+    "03_ring_allreduce_blocking_send": "dist.send blocks until the peer has posted the matching "
+                                       "receive",
+    "03_ring_allreduce_returns_copy": "returned Tensor and the input tensor does not hold the sum",
+    "03_ring_allreduce_torch_chunk": "ring_all_reduce on a tensor of shape (1,), dtype int64, "
+                                     "with 2 ranks: tuple index out of range",
+    "03_partition_drop_remainder": "partition_sizes(11, [0.5, 0.5]) returned [5, 5]; expected [6, 5]",
+    "03_partition_global_rng": "changed the global random state",
+    "03_partition_unseeded": "rank 0 and rank 1 computed different partitions",
+    "03_partition_not_shuffled": "is not shuffled",
+    "03_partition_labels_hardcoded": "label_partitions(labels, 3)",
+    "03_average_gradients_plain_mean": "Your gradients are the plain average of the ranks' gradients",
+    "03_average_gradients_sum_unweighted": "Your gradients are the plain sum",
+    "03_average_gradients_world_size_divisor": "divided by world_size instead of by N",
+    "03_average_gradients_first_only": "hold different gradients of decoder.bias",
+    "03_average_gradients_no_none_skip": "raised AttributeError",
+    "03_sync_batchnorm_local_stats": "Your output is plain BatchNorm on the local batch",
+    "03_sync_batchnorm_mean_of_means": "unweighted average of the ranks' means and variances",
+    "03_sync_batchnorm_biased_running_var": "the running variance must use the unbiased variance",
+    "03_sync_batchnorm_detached": "in input.grad (gradient w.r.t. the input",
+    "03_sync_batchnorm_plain_all_reduce": "the all_reduce must be differentiable",
+}
+
+
+def exercise_of(stem):
+    return next(name for name in CHECKERS if stem[3:].startswith(name))
+
+
+@pytest.fixture(scope="module")
+def solution_files(tmp_path_factory):
+    return extract_writefiles(SOLUTION, tmp_path_factory.mktemp("solution03"))
+
+
+def test_solution_writes_one_file_per_exercise():
+    files = {Path(p).stem for p in writefile_cells(SOLUTION)}
+    assert {f"03_{name}" for name in CHECKERS} <= files
+
+
+@pytest.mark.parametrize("name", sorted(CHECKERS))
+def test_checker_accepts_solution(name, solution_files):
+    CHECKERS[name](solution_files[f"03_{name}"], timeout=90)
+
+
+def test_every_wrong_file_has_an_expected_message_and_every_checker_two():
+    stems = {p.stem for p in WRONG.glob("03_*.py")}
+    assert stems == set(EXPECTED), "tests/wrong/03_* and EXPECTED must list the same files"
+    per_checker = {name: sum(exercise_of(s) == name for s in stems) for name in CHECKERS}
+    assert min(per_checker.values()) >= 2, per_checker
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED))
+def test_checker_rejects_wrong_file(stem):
+    timeout = HANG_TIMEOUT if stem.endswith("blocking_send") else TIMEOUT
+    with pytest.raises(AssertionError) as err:
+        CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py", timeout=timeout)
+    assert EXPECTED[stem] in str(err.value)
+
+
+# ------------------------------------------------------------- ring: recording, benchmark
+def test_importing_the_checker_patches_nothing():
+    originals = {n: getattr(dist, n) for n in checks_ring.P2P + ("all_reduce", "batch_isend_irecv")}
+    assert not any(isinstance(fn, checks_ring._Recorded) for fn in originals.values())
+    with checks_ring.recording() as log:
+        assert all(getattr(dist, n) is not fn for n, fn in originals.items())
+        assert dist.isend == originals["isend"]           # what dist.P2POp checks
+    assert log == [] and all(getattr(dist, n) is fn for n, fn in originals.items())
+
+
+BATCHED = '''
+import torch
+from torch.distributed import P2POp, batch_isend_irecv, get_rank, get_world_size, isend, irecv
+
+
+def ring_all_reduce(tensor, group=None):
+    rank, size = get_rank(), get_world_size()
+    chunks = torch.tensor_split(tensor.view(-1), size)
+    def exchange(send, recv):
+        for req in batch_isend_irecv([P2POp(isend, send, (rank + 1) % size),
+                                      P2POp(irecv, recv, (rank - 1) % size)]):
+            req.wait()
+    for step in range(size - 1):
+        mine = chunks[(rank - step - 1) % size]
+        buffer = torch.empty_like(mine)
+        exchange(chunks[(rank - step) % size], buffer)
+        mine.add_(buffer)
+    for step in range(size - 1):
+        exchange(chunks[(rank + 1 - step) % size], chunks[(rank - step) % size])
+    return tensor
+'''
+
+
+def test_batched_ring_with_imported_names_is_recorded(tmp_path):
+    """``from torch.distributed import isend`` and ``batch_isend_irecv`` are seen too."""
+    path = tmp_path / "03_ring_allreduce.py"
+    path.write_text(BATCHED)
+    cases = checks_ring.ring_cases(2)[:2]
+    res = run_ranks(path, f"{checks_ring.MODULE}:probe_ring", 2, "gloo", {"cases": cases},
+                    timeout=TIMEOUT)
+    for rank, per_case in enumerate(res):
+        for i, (got, (shape, dtype)) in enumerate(zip(per_case, cases)):
+            expected = sum(checks_ring.ring_input(shape, dtype, r, i).double() for r in range(2))
+            assert got["value"] == pytest.approx(expected.numpy(), rel=1e-5)
+            sends = [(n, peer) for name, n, peer in got["calls"] if name == "isend"]
+            numel = got["value"].size
+            assert len(sends) == 2 and {p for _, p in sends} == {1 - rank}
+            assert max(n for n, _ in sends) == -(-numel // 2)
+            assert got["same"]
+
+
+@pytest.fixture(scope="module")
+def work(solution_files):
+    """The solution's work/ folder: every file the notebook writes."""
+    return next(iter(solution_files.values())).parent
+
+
+def test_benchmark_quick_rows_json_table_plot(work, tmp_path):
+    out = tmp_path / "ring.json"
+    rows = bench_ring.run_ring_benchmark(work, out=out, echo=False,
+                                         extra=("--sizes-kib", "1", "64", "--repeats", "2"))
+    assert [r["kib"] for r in rows] == [1, 64] and out.exists()
+    for r in rows:
+        for name in ("ring", "all_reduce"):
+            assert r[f"{name}_ms"] > 0
+            assert r[f"{name}_busbw"] == pytest.approx(r[f"{name}_algbw"])    # 2 ranks: x1
+        assert r["ratio"] == pytest.approx(r["ring_ms"] / r["all_reduce_ms"])
+    assert "all_reduce busbw GB/s" in bench_ring.ring_table(rows)
+    bench_ring.plot_ring(rows, tmp_path / "ring.png")
+    assert (tmp_path / "ring.png").stat().st_size > 0
+
+
+def test_benchmark_refuses_a_wrong_ring(tmp_path):
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "03_ring_allreduce.py").write_text(
+        (WRONG / "03_ring_allreduce_no_all_gather.py").read_text())
+    with pytest.raises(RuntimeError, match="stopped: bench_ring error: ring gave wrong sums"):
+        bench_ring.run_ring_benchmark(folder, out=tmp_path / "x.json", echo=False,
+                                      extra=("--sizes-kib", "1", "--repeats", "1"))
+
+
+# ------------------------------------------------ runner, seed experiments, hang
+@pytest.fixture(scope="module")
+def results(work, tmp_path_factory):
+    """All seed experiments, in one launch (quick sizes under DTFS_QUICK=1)."""
+    out = tmp_path_factory.mktemp("results03") / "experiments.json"
+    return {r["name"]: r for r in de.run_all(work=work, out=out, echo=False)}
+
+
+def test_every_seed_experiment_runs_and_reports_per_rank_metrics(results):
+    assert {c["experiment"][0] for c in de.SEED_EXPERIMENTS} == set("12345")
+    assert set(results) == {c["name"] for c in de.SEED_EXPERIMENTS}
+    for name, r in results.items():
+        assert [m["rank"] for m in r["ranks"]] == [0, 1], name
+        for m in r["ranks"]:
+            assert m["batches"] > 0, name
+            for key in ("train_loss", "train_acc", "val_loss", "val_acc",
+                        "param_divergence", "buffer_divergence", "seconds"):
+                assert m[key] >= 0, (name, key)
+            assert 0 <= m["val_acc"] <= 1
+    balanced = results["balanced 50/50"]["ranks"][0]
+    assert balanced["val_acc"] > 0.3, "training must learn something (10 classes: chance 0.1)"
+    text = de.table(list(results.values()))
+    assert "label-disjoint" in text and "max |param - rank 0|" in text
+    assert len(text.splitlines()) == 2 + 2 * len(results)
+
+
+def test_label_disjoint_partitions_hold_five_labels_each(results):
+    ranks = results["label-disjoint"]["ranks"]
+    assert [m["labels"] for m in ranks] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert all(m["labels"] == list(range(10)) for m in results["balanced 50/50"]["ranks"])
+
+
+@pytest.mark.parametrize("name", ["balanced 50/50", "70/30, min steps", "70/30, Join",
+                                  "label-disjoint", "BN, DistributedBatchNorm",
+                                  "label-disjoint + DistributedBN"])
+def test_correct_averaging_keeps_replicas_identical(results, name):
+    for m in results[name]["ranks"]:
+        assert m["param_divergence"] <= 1e-6, (name, m["rank"], m["param_divergence"])
+        assert m["buffer_divergence"] <= 1e-5, (name, m["rank"], m["buffer_divergence"])
+    a, b = results[name]["ranks"]
+    assert a["val_acc"] == b["val_acc"], "identical replicas must give identical accuracy"
+
+
+def test_min_runs_the_smallest_batch_count_and_join_runs_them_all(results):
+    mins = results["70/30, min steps"]["ranks"]
+    joined = results["70/30, Join"]["ranks"]
+    assert mins[0]["samples"] > 2 * mins[1]["samples"], "70/30 partition expected"
+    own = [-(-m["samples"] // 32) for m in mins]          # batches of 32 on each rank
+    assert [m["batches"] for m in mins] == [min(own)] * 2
+    assert [m["batches"] for m in joined] == own
+    assert joined[1]["shadow_steps"] == own[0] - own[1] and joined[0]["shadow_steps"] == 0
+
+
+def test_async_op_without_wait_leaves_gradients_unaveraged_and_hides_the_hang(results):
+    r0, r1 = results["70/30, async_op (seed)"]["ranks"]
+    assert r1["param_divergence"] > 1e-3, "replicas should drift apart when grads are not averaged"
+    assert r0["batches"] > r1["batches"], "each rank runs its own batch count: no hang in the loop"
+    assert r0["async_unmatched"] > 0 and "Timed out" in r0["async_unmatched_error"]
+    for m in (r0, r1):
+        assert m["async_changed_before_step"] < 0.5, "the step mostly used the local gradient"
+    ld = results["label-disjoint + async_op"]["ranks"]
+    assert ld[1]["param_divergence"] > 1e-3
+    assert all(m["val_acc"] <= 0.55 for m in ld), "each replica only learns its 5 classes"
+
+
+def test_per_rank_batchnorm_statistics_differ_while_parameters_agree(results):
+    for name in ("BN, per-rank stats (seed)", "label-disjoint + BN per-rank"):
+        r1 = results[name]["ranks"][1]
+        assert r1["param_divergence"] <= 1e-6 and r1["buffer_divergence"] > 1e-3, name
+
+
+def test_hang_demo_fails_within_its_timeout_and_leaves_no_process(work, tmp_path):
+    h = de.hang_demo(work=work, echo=False, out_dir=tmp_path)
+    assert h["hung"] and h["killed_by"] == "gloo timeout", h
+    assert "Timed out" in h["error"]
+    assert h["waits"], "the ranks must report where they waited"
+    expected = {0: "all_reduce of batch", 1: "end-of-training barrier"}   # 70/30: rank 1 ends first
+    for rank, where in h["waits"].items():
+        assert expected[rank] in where, h["waits"]
+    assert h["seconds"] < de.HANG_TIMEOUT
+    assert h["left_processes"] == []
+
+
+def test_join_shadows_distributed_batchnorm_collectives(work, tmp_path):
+    config = {**de.SEED_EXPERIMENTS[0], "name": "join+sync", "partition_sizes": [0.7, 0.3],
+              "uneven": "join", "use_batch_norm": True, "sync_bn": True}
+    r = de.run_all([config], work=work, out=tmp_path / "r.json", echo=False)[0]
+    a, b = r["ranks"]
+    assert b["shadow_steps"] > 0 and a["batches"] == b["batches"] + b["shadow_steps"]
+    assert b["param_divergence"] <= 1e-6 and b["buffer_divergence"] <= 1e-5
+
+
+def test_settings_come_from_constants_config_file_and_command_line(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("size: 2\npartition_sizes: [0.7, 0.3]\nasync_op: true\nlr: 0.1\n")
+    args = dist_train.parse_args(["--config", str(cfg), "--lr", "0.2", "--uneven", "join"])
+    (s,) = dist_train.run_settings(args)
+    assert s["partition_sizes"] == [0.7, 0.3] and s["async_op"] is True
+    assert s["lr"] == 0.2 and s["uneven"] == "join" and s["momentum"] == dist_train.MOMENTUM
+    cfg.write_text('{"runs": [{"name": "a"}, {"name": "b", "custom_partition": true}]}')
+    runs = dist_train.run_settings(dist_train.parse_args(["--config", str(cfg)]))
+    assert [r["custom_partition"] for r in runs] == [False, True]
+    cfg.write_text("use_batchnorm: true\n")
+    with pytest.raises(SystemExit, match="unknown config keys"):
+        dist_train.run_settings(dist_train.parse_args(["--config", str(cfg)]))
+
+
+# ---------------------------------------------------------------------------- demos
+def test_key_lines_keeps_rank_prints_and_errors_without_noise():
+    out = "\n".join([
+        "W1122 01:38:14 torch/distributed/elastic/multiprocessing/api.py:1028] Sending SIGTERM",
+        "rank 0: all_reduce finished with [2.0, 2.0, 2.0]",
+        "[rank0]: Traceback (most recent call last):",
+        "[rank1]: RuntimeError: [/__w/pytorch/third_party/gloo/unbound_buffer.cc:78] Timed out",
+        "[rank1]: RuntimeError: [/__w/pytorch/third_party/gloo/unbound_buffer.cc:78] Timed out",
+        "[rank0]: RuntimeError: Detected mismatch ... CollectiveFingerPrint(SequenceNumber=0, "
+        "OpType=ALLREDUCE, TensorShape=[3], TensorDtypes=Float, TensorDeviceTypes=TensorOptions("
+        "dtype=float (default), memory_format=(nullopt))), but Rank 1 ...",
+    ])
+    assert dist_demos.key_lines(out) == [
+        "rank 0: all_reduce finished with [2.0, 2.0, 2.0]",
+        "[rank1]: RuntimeError: Timed out",
+        "[rank0]: RuntimeError: Detected mismatch ... CollectiveFingerPrint(SequenceNumber=0, "
+        "OpType=ALLREDUCE, TensorShape=[3], TensorDtypes=Float), but Rank 1 ...",
+    ]
+
+
+# ------------------------------------------------------------------ whole notebook
+@pytest.mark.notebook
+def test_autograde_solution_and_blank(tmp_path):
+    course = tmp_path / "course"
+    for student, source in {"solution": SOLUTION, "blank": RELEASE}.items():
+        target = course / "submitted" / student / STEM
+        target.mkdir(parents=True)
+        (target / f"{STEM}.ipynb").write_text(source.read_text())
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "autograde",
+                           "--course", str(course), "--cell-timeout", "300"],
+                          capture_output=True, text=True, timeout=1200)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(course / "grades.csv") as f:
+        scores = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
+    assert scores == {"solution": float(POINTS), "blank": 0.0}, scores
+    for student, expected in {"solution": "all checks passed", "blank": "not implemented yet: "}.items():
+        graded = json.loads((course / "autograded" / student / STEM / f"{STEM}.ipynb").read_text())
+        checks = {"".join(c["source"]).split("\n")[0]: json.dumps(c.get("outputs", []))
+                  for c in graded["cells"] if "".join(c["source"]).startswith("# CHECK ")}
+        assert len(checks) == len(CHECKERS), checks.keys()
+        for first_line, outputs in checks.items():     # the blank's checkers say what to do
+            assert expected in outputs, (student, first_line, outputs[-1500:])
+        if student == "solution":
+            text = json.dumps([c.get("outputs", []) for c in graded["cells"]])
+            assert "processes left: []" in text
+    assert seconds < 600, f"autograding two submissions took {seconds:.0f} s"
