@@ -1,9 +1,12 @@
 """Helpers, launchers and checkers of the course Distributed Training from Scratch.
 
 Modules (flat, one topic each): ``config`` (quick mode), ``data`` (datasets),
-``models`` (networks), ``launch`` (run distributed programs safely), ``harness``
-(checker harness), ``checks_mpi`` (checkers of notebook 01), ``mpi_sgd`` (the
-MPI training script of notebook 01), ``bench`` (timing and plots).
+``models`` (networks), ``launch`` (run distributed programs safely), ``harness`` and
+``rankworker`` (checker harness), ``bench`` (timing and plots), and per notebook:
+01 ``checks_mpi``, ``mpi_sgd``, ``mpi_experiments``, ``bench_mpi``;
+02 ``checks_sampler``, ``checks_hogwild``, ``hogwild``, ``hogwild_experiments``;
+03 ``checks_ring``, ``bench_ring``, ``checks_dist``, ``checks_syncbn``, ``dist_train``,
+``dist_experiments``, ``dist_demos``.
 """
 from .config import QUICK, quick
 

@@ -126,19 +126,6 @@ def load_work(folder, runs):
     return {f[3:]: load_student(str(Path(folder) / f"{f}.py")) for f in needed}
 
 
-def make_model(batch_norm):
-    """The notebook-01 CNN (conv 8, conv 16, fc 64, fc 10), optionally with BatchNorm after
-    each hidden layer (BatchNorm2d, BatchNorm2d, BatchNorm1d). Returns logits."""
-    import torch.nn as nn
-
-    def bn(kind, n):
-        return [kind(n)] if batch_norm else []
-    return nn.Sequential(
-        nn.Conv2d(1, 8, 5), *bn(nn.BatchNorm2d, 8), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(8, 16, 5), *bn(nn.BatchNorm2d, 16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(256, 64), *bn(nn.BatchNorm1d, 64), nn.ReLU(), nn.Linear(64, 10))
-
-
 def my_indices(s, work, y, rank, size):
     """This rank's sample indices, from the student's DataPartitioner or label_partitions."""
     import torch
@@ -171,7 +158,8 @@ def train_run(s, work, data, rank, size):
         seconds=s["async_timeout"] if s["async_op"] else s["gloo_timeout"]))
     (x, y), (vx, vy) = data
     torch.manual_seed(s["seed"])                          # same initial model on every rank
-    model = make_model(s["use_batch_norm"])
+    from .models import small_cnn
+    model = small_cnn(s["use_batch_norm"])
     if s["use_batch_norm"] and s["sync_bn"]:
         model = work["sync_batchnorm"].convert_batchnorm(model)
     opt = torch.optim.SGD(model.parameters(), lr=s["lr"], momentum=s["momentum"])

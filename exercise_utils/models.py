@@ -103,6 +103,25 @@ class BNNet(nn.Module):
         return self.fc2(F.relu(self.bn(self.fc1(x))))
 
 
+def small_cnn(batch_norm=False):
+    """The notebook-01 CNN (conv 8, conv 16, fc 64, fc 10) as an ``nn.Sequential``, optionally
+    with BatchNorm after each hidden layer (BatchNorm2d, BatchNorm2d, BatchNorm1d).
+
+    Args:
+        batch_norm: insert the BatchNorm layers.
+    Returns:
+        nn.Sequential mapping (N, 1, 28, 28) images to (N, 10) logits.
+
+    Used in 03_torch_distributed_collectives (the seed experiments' model).
+    """
+    def bn(kind, n):
+        return [kind(n)] if batch_norm else []
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 5), *bn(nn.BatchNorm2d, 8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 5), *bn(nn.BatchNorm2d, 16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(256, 64), *bn(nn.BatchNorm1d, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
 def count_parameters(model, trainable_only=True):
     """Return the number of (trainable) parameter elements, counting tied tensors once."""
     seen = {id(p): p for p in model.parameters() if p.requires_grad or not trainable_only}

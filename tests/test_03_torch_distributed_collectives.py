@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from exercise_utils import bench_ring, checks_dist, checks_ring, dist_demos, dist_train
+from exercise_utils import (bench_ring, checks_dist, checks_ring, checks_syncbn, dist_demos,
+                            dist_train)
 from exercise_utils import dist_experiments as de
 from exercise_utils.harness import run_ranks
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
@@ -25,7 +26,7 @@ WRONG = ROOT / "tests" / "wrong"
 CHECKERS = {"ring_allreduce": checks_ring.check_ring_allreduce,
             "partition": checks_dist.check_partition,
             "average_gradients": checks_dist.check_average_gradients,
-            "sync_batchnorm": checks_dist.check_sync_batchnorm}
+            "sync_batchnorm": checks_syncbn.check_sync_batchnorm}
 POINTS = 10
 TIMEOUT = 45            # a hung wrong file is reported after this
 HANG_TIMEOUT = 15       # for the file that must hang: every launch of it ends in a timeout
