@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from exercise_utils import checks_mpi
-from exercise_utils.notebook_files import extract_writefiles, writefile_cells
+from exercise_utils.notebook_files import writefile_cells
+from grading import assert_every_check_says
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTION = ROOT / "solutions" / "01_mpi_parallel_sgd.ipynb"
+STEM = "01_mpi_parallel_sgd"
+SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 RELEASE = ROOT / "notebooks" / "01_mpi_parallel_sgd.ipynb"
 WRONG = ROOT / "tests" / "wrong"
 CHECKERS = {"shards": checks_mpi.check_shards, "broadcast": checks_mpi.check_broadcast,
@@ -43,19 +45,9 @@ def exercise_of(stem):
     return next(name for name in CHECKERS if stem[3:].startswith(name))
 
 
-@pytest.fixture(scope="module")
-def solution_files(tmp_path_factory):
-    return extract_writefiles(SOLUTION, tmp_path_factory.mktemp("solution01"))
-
-
 def test_solution_writes_one_file_per_exercise():
     files = {Path(p).stem for p in writefile_cells(SOLUTION)}
     assert {f"01_{name}" for name in CHECKERS} <= files
-
-
-@pytest.mark.parametrize("name", sorted(CHECKERS))
-def test_checker_accepts_solution(name, solution_files):
-    CHECKERS[name](solution_files[f"01_{name}"], timeout=90)
 
 
 def test_every_wrong_file_has_an_expected_message_and_every_checker_two():
@@ -72,21 +64,14 @@ def test_checker_rejects_wrong_file(stem):
     assert EXPECTED[stem] in str(err.value)
 
 
-@pytest.fixture(scope="module")
-def blank_files(tmp_path_factory):
-    return extract_writefiles(RELEASE, tmp_path_factory.mktemp("blank01"))
-
-
-@pytest.mark.parametrize("name", sorted(CHECKERS))
-def test_blank_release_is_not_implemented_yet(name, blank_files):
-    with pytest.raises(AssertionError, match="not implemented yet: "):
-        CHECKERS[name](blank_files[f"01_{name}"], timeout=TIMEOUT)
-
-
 # ------------------------------------------------------------------ whole notebook
 def deadlocked_submission(path):
-    """The solution, except that average_weights deadlocks (only the root takes part)."""
+    """The solution, except that average_weights deadlocks (only the root takes part), from a
+    student who also skipped the ungraded runs (demos, experiments): they are not graded, and
+    leaving them out keeps this test short."""
     nb = json.loads(SOLUTION.read_text())
+    nb["cells"] = [c for c in nb["cells"] if c["cell_type"] != "code" or "nbgrader" in c["metadata"]
+                   or "".join(c["source"]).startswith(("%%writefile", "# Setup"))]
     for cell in nb["cells"]:
         src = "".join(cell["source"])
         if src.startswith("%%writefile work/01_model_averaging.py"):
@@ -115,6 +100,8 @@ def test_autograde_solution_blank_and_deadlock(tmp_path):
     with open(course / "grades.csv") as f:
         scores = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
     assert scores == {"solution": 11.0, "blank": 0.0, "deadlock": 9.0}, scores
+    assert_every_check_says(course, "solution", STEM, "all checks passed", len(CHECKERS))
+    assert_every_check_says(course, "blank", STEM, "not implemented yet: ", len(CHECKERS))
     graded = json.loads((course / "autograded" / "deadlock" / "01_mpi_parallel_sgd" /
                          "01_mpi_parallel_sgd.ipynb").read_text())
     check = next(c for c in graded["cells"] if "".join(c["source"]).startswith(
