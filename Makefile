@@ -47,7 +47,7 @@ demo: setup
 	$(PY) -m exercise_utils.demo
 
 test: setup
-	DTFS_QUICK=1 $(PY) -m pytest tests
+	DTFS_QUICK=1 $(PY) -m pytest tests --durations=20
 
 release: $(STAMP)
 	$(PY) scripts/course.py release
