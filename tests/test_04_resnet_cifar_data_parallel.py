@@ -1,0 +1,193 @@
+"""Notebook 04 (data-parallel CIFAR-10 ResNet): its checkers against the known-wrong files,
+the launcher and settings, the real CIFAR-10 loading path on a fixture in CIFAR's pickle
+format, the experiment tables, the GPU path (where a GPU exists), and the whole notebook
+autograded as the solution and as the blank release."""
+import csv
+import dataclasses
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from exercise_utils import checks_cifar, cifar_dp, cifar_tricks, launch, models
+from exercise_utils import cifar_experiments as cx
+from exercise_utils.bench import load_json
+from exercise_utils.notebook_files import extract_writefiles, writefile_cells
+from grading import assert_every_check_says
+from test_data import make_cifar
+
+ROOT = Path(__file__).resolve().parents[1]
+STEM = "04_resnet_cifar_data_parallel"
+SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
+RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
+WRONG = ROOT / "tests" / "wrong"
+CHECKERS = {"rank_process": checks_cifar.check_rank_process, "train": checks_cifar.check_train}
+POINTS = 6
+
+# Each known-wrong file and a fragment of the message its checker must give.
+EXPECTED = {
+    "04_train_sum_not_scaled": "Too large or too small by a factor of 2? Check how the "
+                               "all-reduced gradients are scaled",
+    "04_train_same_slice": "both trained on example",
+    "04_train_unequal_minibatches": "minibatches per epoch differ: rank 0 ran [2, 2], rank 1 ran "
+                                    "[3, 2]",
+    "04_train_ema_on_every_rank": "only the leader (rank 0) keeps the EMA model",
+    "04_rank_process_no_finally": "when train raised, the process group was left initialized",
+}
+
+
+def exercise_of(stem):
+    return next(name for name in CHECKERS if stem[3:].startswith(name))
+
+
+@pytest.fixture(scope="module")
+def solution_file(tmp_path_factory):
+    return extract_writefiles(SOLUTION, tmp_path_factory.mktemp("solution04"))["04_cifar_dp"]
+
+
+def test_solution_writes_the_trainer_file():
+    assert {Path(p).name for p in writefile_cells(SOLUTION)} == {"04_cifar_dp.py"}
+
+
+def test_every_wrong_file_has_an_expected_message():
+    stems = {p.stem for p in WRONG.glob("04_*.py")}
+    assert stems == set(EXPECTED), "tests/wrong/04_* and EXPECTED must list the same files"
+    assert sum(exercise_of(s) == "train" for s in stems) >= 3
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED))
+def test_checker_rejects_wrong_file(stem):
+    with pytest.raises(AssertionError) as err:
+        CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py")
+    assert EXPECTED[stem] in str(err.value)
+
+
+def test_importing_the_checker_patches_nothing():
+    """The checker is imported in the notebook kernel: it must not replace the trainer's parts."""
+    assert models.ResNetBagOfTricks is checks_cifar._ORIGINAL["ResNetBagOfTricks"]
+    assert models.ResNetBagOfTricks is not checks_cifar._RecordedModel
+    for name in ("EMA", "minibatches", "evaluate"):
+        assert getattr(cifar_tricks, name) is checks_cifar._ORIGINAL[name]
+
+
+def test_check_config_makes_the_classic_splits_uneven():
+    """47 examples on 2 ranks: the correct split runs 2 minibatches of 8 per rank, the
+    'last rank takes the rest' and strided splits give one rank a third."""
+    c = checks_cifar.CONFIG
+    mb = c.batch_size // checks_cifar.WORLD
+    per = c.train_size // checks_cifar.WORLD
+    assert mb == c.ghost_size and per // mb == 2
+    assert (c.train_size - per) // mb == 3 and -(-c.train_size // 2) // mb == 3
+
+
+# ------------------------------------------------------------------ launcher and settings
+def test_settings_presets_and_command_line():
+    world, results, config = cifar_dp.parse_args(
+        ["--world-size", "3", "--preset", "gpu", "--epochs", "4", "--augment", "false",
+         "--lr", "0.2", "--data", "synthetic-cifar10", "--results", "r.json"])
+    assert (world, results) == (3, "r.json")
+    assert (config.epochs, config.augment, config.lr, config.width) == (4, False, 0.2, 64)
+    cpu = cifar_dp.make_config("cpu")
+    assert cpu.width == 16 and cpu.batch_size == 128 and cpu.train_size < 50000
+    with pytest.raises(ValueError, match="unknown settings"):
+        cifar_dp.make_config("cpu", widht=8)
+    with pytest.raises(SystemExit):
+        cifar_dp.parse_args(["--augment", "maybe"])
+
+
+def test_backend_and_device_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: test_gpu_run covers it")
+    assert cifar_dp.choose_backend(2, 1) == ("gloo", torch.device("cpu"))
+
+
+def test_real_cifar_loading_path_and_launcher_on_a_fixture(solution_file, tmp_path):
+    """CIFAR-10 python batches (the real archive's format) through the trainer: 2 ranks,
+    the launcher's spawn, rank 0's JSON summary."""
+    make_cifar(tmp_path / "data" / "cifar-10-batches-py")     # 20 training, 6 test images
+    assert cifar_dp.resolve_data("auto", str(tmp_path / "data")) == "cifar10"
+    assert cifar_dp.resolve_data("auto", str(tmp_path / "nothing")) == "synthetic-cifar10"
+    out = tmp_path / "run.json"
+    result = launch.python(solution_file, [
+        "--world-size", "2", "--preset", "cpu", "--data", "auto", "--data-root",
+        tmp_path / "data", "--train-size", "20", "--test-size", "6", "--batch-size", "8",
+        "--ghost-size", "4", "--width", "4", "--epochs", "2", "--whitening-examples", "20",
+        "--results", out], timeout=120, echo=False)
+    summary = load_json(out)["summary"]
+    assert summary["data"] == "cifar10" and summary["device"] == "cpu"
+    assert (summary["examples"], summary["minibatch_size"], summary["minibatches_per_epoch"]) \
+        == (10, 4, 2)
+    assert [e["epoch"] for e in summary["epochs"]] == [1, 2]
+    assert 0 <= summary["epochs"][-1]["val_acc"] <= 1
+    assert "cifar10 train: 20 images from folder" in result.output
+    assert "rank 1: 10 training examples, 2 minibatches of 4 per epoch" in result.output
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+def test_gpu_run(solution_file, tmp_path):
+    out = tmp_path / "gpu.json"
+    launch.python(solution_file, ["--world-size", "1", "--preset", "gpu", "--data",
+                                  "synthetic-cifar10", "--train-size", "2048", "--test-size",
+                                  "512", "--epochs", "1", "--results", out], timeout=300)
+    summary = load_json(out)["summary"]
+    assert summary["device"].startswith("cuda") and summary["epochs"][0]["val_acc"] > 0
+
+
+# ------------------------------------------------------------------ experiment tables
+def _summary(world, seconds, acc):
+    return dict(world_size=world, device="cpu", batch_size=128 * world, minibatch_size=128,
+                minibatches_per_epoch=16 // world,
+                epochs=[dict(epoch=1, time_s=99.0, train_loss=2.0, val_acc=0.1),
+                        dict(epoch=2, time_s=seconds, train_loss=0.5, val_acc=acc)],
+                config=dict(width=16))
+
+
+def test_tables_and_plot(tmp_path):
+    runs = [_summary(1, 6.0, 0.9), _summary(2, 4.0, 0.88)]
+    rows = cx.rows(runs)
+    assert [r["speed"] for r in rows] == [1.0, 1.5]        # from the last epoch's time
+    assert "1.50" in cx.table(runs) and "0.880" in cx.table(runs)
+    assert "0.2" not in cx.seed_table().split("\n")[0] and "2.73" in cx.seed_table()
+    assert Path(cx.plot(runs, tmp_path / "p.png")).stat().st_size > 1000
+
+
+# ------------------------------------------------------------------ whole notebook
+@pytest.mark.notebook
+def test_autograde_solution_and_blank(tmp_path):
+    course = tmp_path / "course"
+    for student, source in {"solution": SOLUTION, "blank": RELEASE}.items():
+        target = course / "submitted" / student / STEM
+        target.mkdir(parents=True)
+        (target / f"{STEM}.ipynb").write_text(source.read_text())
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "autograde",
+                           "--course", str(course), "--cell-timeout", "300"],
+                          capture_output=True, text=True, timeout=900)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(course / "grades.csv") as f:
+        scores = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
+    assert scores == {"solution": float(POINTS), "blank": 0.0}, scores
+    assert_every_check_says(course, "solution", STEM, "all checks passed", len(CHECKERS))
+    assert_every_check_says(course, "blank", STEM, "not implemented yet: ", len(CHECKERS))
+    graded = (course / "autograded" / "solution" / STEM / f"{STEM}.ipynb").read_text()
+    assert "speed-up" in graded and "gradient all-reduce, 2 gloo ranks" in graded
+    assert seconds < 400, f"autograding two submissions took {seconds:.0f} s"
+
+
+def test_a_bug_on_one_rank_is_reported_as_its_error(solution_file, tmp_path):
+    """The leader crashes (a typo in its EMA line) while rank 1 waits: the student must see
+    the NameError and the line, not a minibatch-count mismatch."""
+    text = solution_file.read_text()
+    line = "ema = T.EMA(model, config.ema_momentum) if leader else None"
+    assert line in text
+    buggy = tmp_path / "04_cifar_dp.py"
+    buggy.write_text(text.replace(line, line.replace("(model", "(modl")))
+    with pytest.raises(AssertionError) as err:
+        checks_cifar.check_train(buggy)
+    message = str(err.value)
+    assert message.startswith("rank 0 raised NameError: name 'modl' is not defined")
+    assert "in train" in message and "minibatches per epoch differ" not in message
