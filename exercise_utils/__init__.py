@@ -6,7 +6,9 @@ Modules (flat, one topic each): ``config`` (quick mode), ``data`` (datasets),
 01 ``checks_mpi``, ``mpi_sgd``, ``mpi_experiments``, ``bench_mpi``;
 02 ``checks_sampler``, ``checks_hogwild``, ``hogwild``, ``hogwild_experiments``;
 03 ``checks_ring``, ``bench_ring``, ``checks_dist``, ``checks_syncbn``, ``dist_train``,
-``dist_experiments``, ``dist_demos``.
+``dist_experiments``, ``dist_demos``;
+04 ``cifar_tricks`` (the trainer's parts), ``cifar_dp`` (settings and launcher),
+``checks_cifar``, ``cifar_experiments``.
 """
 from .config import QUICK, quick
 
