@@ -172,10 +172,11 @@ class GhostBatchNorm(nn.BatchNorm2d):
             raise ValueError(f"GhostBatchNorm: a batch of {n} examples is not a multiple of "
                              f"ghost_size {g}; use minibatches (per rank) that are multiples of "
                              f"{g}, or a ghost_size that divides them")
-        xg = x.view(n // g, g, c, h, w)
+        xg = x.float().view(n // g, g, c, h, w)     # statistics in float32 (also under autocast)
         var, mean = torch.var_mean(xg, dim=(1, 3, 4), keepdim=True, correction=0)
         y = (xg - mean) * torch.rsqrt(var + self.eps)
         y = y.view(n, c, h, w) * self.weight.view(1, c, 1, 1) + self.bias.view(1, c, 1, 1)
+        y = y.to(x.dtype)
         with torch.no_grad():
             count = g * h * w
             unbiased = var * (count / max(count - 1, 1))

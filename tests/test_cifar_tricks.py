@@ -359,3 +359,16 @@ def test_evaluate_accuracy_tta_and_mode():
     model.eval()
     ct.evaluate(model, x, y)
     assert not model.training
+
+
+def test_model_trains_under_bfloat16_autocast():
+    """The GPU preset trains under bfloat16 autocast: ghost BatchNorm keeps float32 statistics."""
+    model = ResNetBagOfTricks(_whitening(), width=4, ghost_size=4)
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = ct.label_smoothing_loss(model(x), y).sum()
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all()
+               for p in model.parameters() if p.requires_grad)
+    bn = model.prep[1]
+    assert bn.running_mean.dtype == torch.float32 and torch.isfinite(bn.running_var).all()
