@@ -12,6 +12,7 @@ Used in 02_shared_memory_hogwild.
 """
 import importlib
 import math
+import multiprocessing
 import os
 import sys
 from pathlib import Path
@@ -49,6 +50,10 @@ class RecordingDataset(torch.utils.data.Dataset):
         self.pid, self.seq, self.threads = (torch.full((n, slots), -1, dtype=torch.int64)
                                             .share_memory_() for _ in range(3))
         self._next = 0          # per process: every process reads its own unpickled copy
+        # Two workers may read the same sample at once (in different epochs): claiming a slot
+        # is a read-modify-write of shared memory, so it takes a lock (inherited or passed to
+        # the workers at start, as multiprocessing allows) or one read could overwrite another.
+        self.lock = multiprocessing.get_context("spawn").Lock()   # usable by fork and spawn
 
     def __len__(self):
         return len(self.y)
@@ -60,8 +65,9 @@ class RecordingDataset(torch.utils.data.Dataset):
                 pairs = [self[int(i)] for i in index]
                 return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
             index = int(index)
-        k = int(self.count[index])
-        self.count[index] += 1
+        with self.lock:
+            k = int(self.count[index])
+            self.count[index] += 1
         if k < self.pid.shape[1]:
             self.pid[index, k], self.seq[index, k] = os.getpid(), self._next
             self.threads[index, k] = torch.get_num_threads()

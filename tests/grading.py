@@ -1,11 +1,18 @@
-"""Reading autograded notebooks in the tests of notebooks 01 to 03.
+"""Autograding notebooks and reading the results, in the tests of notebooks 01 to 04.
 
 The autograde tests run every check cell on the solution and on the blank release, so they
 also prove that each checker accepts the solution ("all checks passed") and says "not
 implemented yet" for the blank release; separate checker runs on those files would only
 repeat that work.
 """
+import csv
 import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def check_outputs(course, student, stem):
@@ -22,3 +29,35 @@ def assert_every_check_says(course, student, stem, expected, count):
     assert len(checks) == count, sorted(checks)
     for first_line, outputs in checks.items():
         assert expected in outputs, (student, first_line, outputs[-1500:])
+
+
+def autograde(tmp_path, stem, submissions, timeout=1500):
+    """Autograde submissions of one notebook with ``scripts/course.py autograde``.
+
+    Args:
+        tmp_path: a fresh folder for the nbgrader course.
+        stem: the notebook stem, e.g. "04_resnet_cifar_data_parallel".
+        submissions: ``{student id: notebook text}``.
+        timeout: seconds for the whole autograde run.
+    Returns:
+        (course folder, {student id: score}, seconds the run took).
+    """
+    course = tmp_path / "course"
+    for student, text in submissions.items():
+        target = course / "submitted" / student / stem
+        target.mkdir(parents=True)
+        (target / f"{stem}.ipynb").write_text(text)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "autograde",
+                           "--course", str(course), "--cell-timeout", "300"],
+                          capture_output=True, text=True, timeout=timeout)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(course / "grades.csv") as f:
+        scores = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
+    return course, scores, seconds
+
+
+def graded_text(course, student, stem):
+    """The autograded notebook of ``student`` as text."""
+    return (course / "autograded" / student / stem / f"{stem}.ipynb").read_text()

@@ -1,16 +1,13 @@
 """Notebook 01 (MPI parallel SGD): its checkers against the solution and known-wrong files,
 and the whole notebook autograded as a solution, a blank release and a deadlocked submission."""
-import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from exercise_utils import checks_mpi
 from exercise_utils.notebook_files import writefile_cells
-from grading import assert_every_check_says
+from grading import assert_every_check_says, autograde, graded_text
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "01_mpi_parallel_sgd"
@@ -84,26 +81,15 @@ def deadlocked_submission(path):
 
 @pytest.mark.notebook
 def test_autograde_solution_blank_and_deadlock(tmp_path):
-    course = tmp_path / "course"
-    subs = {"solution": SOLUTION.read_text(), "blank": RELEASE.read_text()}
-    for student, text in subs.items():
-        target = course / "submitted" / student / "01_mpi_parallel_sgd"
-        target.mkdir(parents=True)
-        (target / "01_mpi_parallel_sgd.ipynb").write_text(text)
-    target = course / "submitted" / "deadlock" / "01_mpi_parallel_sgd"
-    target.mkdir(parents=True)
-    deadlocked_submission(target / "01_mpi_parallel_sgd.ipynb")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "autograde",
-                           "--course", str(course), "--cell-timeout", "300"],
-                          capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with open(course / "grades.csv") as f:
-        scores = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
+    deadlock = tmp_path / "deadlock.ipynb"
+    deadlocked_submission(deadlock)
+    course, scores, _ = autograde(tmp_path, STEM, {"solution": SOLUTION.read_text(),
+                                                   "blank": RELEASE.read_text(),
+                                                   "deadlock": deadlock.read_text()})
     assert scores == {"solution": 11.0, "blank": 0.0, "deadlock": 9.0}, scores
     assert_every_check_says(course, "solution", STEM, "all checks passed", len(CHECKERS))
     assert_every_check_says(course, "blank", STEM, "not implemented yet: ", len(CHECKERS))
-    graded = json.loads((course / "autograded" / "deadlock" / "01_mpi_parallel_sgd" /
-                         "01_mpi_parallel_sgd.ipynb").read_text())
+    graded = json.loads(graded_text(course, "deadlock", STEM))
     check = next(c for c in graded["cells"] if "".join(c["source"]).startswith(
         "# CHECK model_averaging"))
     text = json.dumps(check["outputs"])

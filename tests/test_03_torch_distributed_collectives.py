@@ -2,10 +2,6 @@
 known-wrong files and the blank release; the ring benchmark; the config-driven runner, the
 five seed experiments and the uneven-batch hang; the whole notebook autograded as the
 solution and as the blank release."""
-import csv
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +12,7 @@ from exercise_utils import (bench_ring, checks_dist, checks_ring, checks_syncbn,
 from exercise_utils import dist_experiments as de
 from exercise_utils.harness import run_ranks
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
-from grading import assert_every_check_says
+from grading import assert_every_check_says, autograde, graded_text
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "03_torch_distributed_collectives"
@@ -284,22 +280,10 @@ def test_key_lines_keeps_rank_prints_and_errors_without_noise():
 # ------------------------------------------------------------------ whole notebook
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
-    course = tmp_path / "course"
-    for student, source in {"solution": SOLUTION, "blank": RELEASE}.items():
-        target = course / "submitted" / student / STEM
-        target.mkdir(parents=True)
-        (target / f"{STEM}.ipynb").write_text(source.read_text())
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "autograde",
-                           "--course", str(course), "--cell-timeout", "300"],
-                          capture_output=True, text=True, timeout=1200)
-    seconds = time.monotonic() - start
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with open(course / "grades.csv") as f:
-        scores = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
+    course, scores, seconds = autograde(tmp_path, STEM, {"solution": SOLUTION.read_text(),
+                                                         "blank": RELEASE.read_text()}, 1200)
     assert scores == {"solution": float(POINTS), "blank": 0.0}, scores
     assert_every_check_says(course, "solution", STEM, "all checks passed", len(CHECKERS))
     assert_every_check_says(course, "blank", STEM, "not implemented yet: ", len(CHECKERS))
-    graded = course / "autograded" / "solution" / STEM / f"{STEM}.ipynb"
-    assert "processes left: []" in graded.read_text()     # the hang demo killed everything
+    assert "processes left: []" in graded_text(course, "solution", STEM)     # the hang demo killed everything
     assert seconds < 600, f"autograding two submissions took {seconds:.0f} s"
