@@ -8,7 +8,9 @@ Modules (flat, one topic each): ``config`` (quick mode), ``data`` (datasets),
 03 ``checks_ring``, ``bench_ring``, ``checks_dist``, ``checks_syncbn``, ``dist_train``,
 ``dist_experiments``, ``dist_demos``;
 04 ``cifar_tricks`` (the trainer's parts), ``cifar_dp`` (settings and launcher),
-``checks_cifar``, ``cifar_experiments``.
+``checks_cifar``, ``cifar_experiments``;
+05 (in progress) ``ddp_run`` (settings, fault injection, main), ``checks_ddp``, ``multinode``,
+``ddp_hello``, ``lr_scaling``.
 """
 from .config import QUICK, quick
 

@@ -1,0 +1,243 @@
+"""Checker of notebook 05: the student's torchrun ``Trainer`` with snapshots and restarts.
+
+:func:`check_trainer` runs ``work/05_trainer.py`` under torchrun with 2 CPU workers, three
+times, through this module's worker entry point (``python -m exercise_utils.checks_ddp``),
+which imports the student file, records what the workers do (``set_epoch`` before each
+epoch's iteration, every ``torch.save`` / ``torch.load`` and on which rank) and then runs
+:func:`exercise_utils.ddp_run.main` exactly as the student's own launch does:
+
+A. uninterrupted: trains, replicas agree, snapshots come from rank 0 only and hold the
+   optimizer state (momentum), the scheduler, the counters and every rank's RNG state;
+B. a crash while rank 0 writes a snapshot (half a file written, then killed), one restart:
+   must resume from the last complete snapshot and end with A's parameters;
+C. rank 1 killed in the middle of an epoch, one restart: must end with A's parameters.
+
+Used in 05_ddp_torchrun_fault_tolerance.
+"""
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from .config import quick
+
+TIMEOUT = quick(120, 90)     # seconds per torchrun job before it is declared hung
+RUN = ["--data", "synthetic", "--train-size", "256", "--epochs", "3", "--batch-size", "16",
+       "--model", "mlp", "--lr", "0.05", "--save-every", "1", "--seed", "0",
+       "--timeout-s", "20"]
+STEPS_PER_EPOCH = 8          # 256 examples / 2 workers / 16 per step
+
+
+# ---------------------------------------------------------------- worker side (torchrun)
+def _record_path(folder):
+    rank, attempt = os.environ.get("RANK", "0"), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return Path(folder) / f"rank{rank}_attempt{attempt}.json"
+
+
+def _install_recorders(student, log):
+    """Record set_epoch / iteration epochs of DistributedSampler, torch.save and torch.load."""
+    import torch
+    from torch.utils.data import DistributedSampler
+    set_epoch, iterate = DistributedSampler.set_epoch, DistributedSampler.__iter__
+    save, load = torch.save, torch.load
+
+    def recorded_set_epoch(self, epoch):
+        log["set_epoch"].append(int(epoch))
+        return set_epoch(self, epoch)
+
+    def recorded_iter(self):
+        log["iterated"].append(int(self.epoch))
+        return iterate(self)
+
+    def recorded_save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)):            # not in-memory saves of pickled tensors
+            log["saves"].append(str(f))
+        return save(obj, f, *args, **kwargs)
+
+    def recorded_load(f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)):            # not in-memory loads of pickled tensors
+            where = kwargs.get("map_location", args[0] if args else None)
+            log["loads"].append({"path": str(f), "map_location": str(where)})
+        return load(f, *args, **kwargs)
+    DistributedSampler.set_epoch, DistributedSampler.__iter__ = recorded_set_epoch, recorded_iter
+    torch.save, torch.load = recorded_save, recorded_load
+    for key, value in list(vars(student).items()):      # names imported from torch
+        if value is save:
+            setattr(student, key, recorded_save)
+        elif value is load:
+            setattr(student, key, recorded_load)
+
+
+def worker_main(argv=None):
+    """Entry point of every checked worker: record, then run the student's trainer."""
+    from . import ddp_run
+    from .rankworker import load_student
+    argv = list(sys.argv[1:] if argv is None else argv)
+    student_path, record_dir = argv[1], argv[3]          # --student PATH --records DIR ...
+    student = load_student(student_path)
+    log = {"set_epoch": [], "iterated": [], "saves": [], "loads": []}
+    _install_recorders(student, log)
+    try:
+        ddp_run.main(student.ddp_setup, student.Trainer, argv[4:])
+    finally:
+        _record_path(record_dir).write_text(json.dumps(log))
+
+
+# ---------------------------------------------------------------- checker (in the kernel)
+def _run(path, folder, name, extra_run=(), restarts=0, timeout=TIMEOUT):
+    """One torchrun job of 2 workers; return (launch result, final state, records)."""
+    from . import launch
+    import torch
+    records = Path(folder) / f"records_{name}"
+    records.mkdir()
+    out, snap = Path(folder) / f"{name}_final.pt", Path(folder) / f"{name}_snapshot.pt"
+    args = ["--student", str(Path(path).resolve()), "--records", str(records), *RUN,
+            "--snapshot", str(snap), "--out", str(out), *extra_run]
+    try:
+        result = launch.torchrun("exercise_utils.checks_ddp", 2, args, timeout=timeout,
+                                 extra=["--max-restarts", str(restarts), "-m"], echo=False,
+                                 what=f"your trainer under torchrun ({name})")
+    except launch.LaunchTimeout as err:
+        raise AssertionError(f"run {name}: hung: {err}") from None
+    except launch.LaunchError as err:
+        if "NotImplementedError" in err.output:
+            raise AssertionError(f"not implemented yet: {path} still raises NotImplementedError "
+                                 "(ddp_setup, Trainer.__init__, save_snapshot, load_snapshot or "
+                                 "run_epoch). Replace the `raise` lines, then run the "
+                                 "%%writefile cell again.") from None
+        if name == "A":                      # what the records already show comes first
+            _check_records(_logs(records))
+        raise AssertionError(f"run {name}: the torchrun job failed:\n"
+                             f"{_worker_errors(err.output)}") from None
+    logs = _logs(records)
+    if not out.exists():
+        raise AssertionError(f"run {name}: the job ended without rank 0 writing its result "
+                             f"(did Trainer.train return?)\n{_tail(result.output)}")
+    return result, torch.load(out, map_location="cpu"), logs, snap
+
+
+def _logs(records):
+    return {p.stem: json.loads(p.read_text()) for p in sorted(Path(records).glob("*.json"))}
+
+
+def _tail(output, n=25):
+    lines = [l for l in output.splitlines() if l.strip()]
+    return "\n".join(lines[-n:])
+
+
+def _worker_errors(output):
+    """The workers' own error lines (and injected faults), else the end of the output."""
+    keep = [l for l in output.splitlines() if "[fault injection]" in l or
+            re.match(r"^\[rank\d+\]: [\w.]*(Error|Exception)\b", l)]
+    return "\n".join(keep[-12:]) if keep else _tail(output)
+
+
+def check_trainer(path, timeout=TIMEOUT):
+    """Check ``ddp_setup`` and ``Trainer`` (see the module docstring for the three runs)."""
+    if not Path(path).is_file():
+        raise AssertionError(f"{path} does not exist: run the %%writefile cell that creates it first.")
+    with tempfile.TemporaryDirectory(prefix="dtfs-ddp-") as folder:
+        _, final_a, logs_a, snap_a = _checked_run(path, folder, "A", timeout=timeout)
+        _check_uninterrupted(final_a, logs_a, snap_a)
+        _, final_b, logs_b, _ = _checked_run(path, folder, "B", ["--crash-in-save", "2"], 1,
+                                             timeout)
+        _check_resumed(final_b, final_a, logs_b, "B (rank 0 killed while writing the epoch-2 "
+                       "snapshot)")
+        _, final_c, logs_c, _ = _checked_run(path, folder, "C", [
+            "--crash-at-step", str(STEPS_PER_EPOCH + 4), "--crash-rank", "1"], 1, timeout)
+        _check_resumed(final_c, final_a, logs_c, f"C (rank 1 killed after step "
+                       f"{STEPS_PER_EPOCH + 4}, in the middle of epoch 2)")
+
+
+def _checked_run(path, folder, name, extra=(), restarts=0, timeout=TIMEOUT):
+    try:
+        return _run(path, folder, name, extra, restarts, timeout)
+    except AssertionError as err:
+        text = str(err)
+        if name == "B" and not text.startswith("not implemented"):
+            text += ("\nRank 0 was killed while writing a snapshot. If the restarted job could "
+                     "not load it, the snapshot was written in place: write to a temporary file "
+                     "and os.replace it over the snapshot, so a torn file is never loaded.")
+        raise AssertionError(text) from None
+
+
+def _check_records(logs):
+    """set_epoch before every epoch's iteration; snapshots written by rank 0 only."""
+    epochs = 3
+    for name, log in logs.items():
+        if log["iterated"] != list(range(epochs)):
+            raise AssertionError(
+                f"{name}: the sampler's epoch when each epoch's iteration began was "
+                f"{log['iterated']}; expected {list(range(epochs))}. Call "
+                "self.sampler.set_epoch(epoch) before iterating, or every epoch repeats the "
+                "same order")
+        writers = [p for p in log["saves"] if "snapshot" in Path(p).name]
+        if writers and not name.startswith("rank0"):
+            raise AssertionError(f"{name} wrote the snapshot ({writers[0]}): only rank 0 may "
+                                 "write it (all ranks hold the same state; several writers "
+                                 "race on one file)")
+
+
+def _check_uninterrupted(final, logs, snap):
+    import torch
+    epochs = 3
+    _check_records(logs)
+    if final["epochs_run"] != epochs or final["step"] != epochs * STEPS_PER_EPOCH:
+        raise AssertionError(f"after the run epochs_run = {final['epochs_run']} and step = "
+                             f"{final['step']}; expected {epochs} and {epochs * STEPS_PER_EPOCH}")
+    sums = final["checksums"]
+    if any(max(abs(a - b) for a, b in zip(s, sums[0])) > 1e-6 for s in sums[1:]):
+        raise AssertionError("the replicas differ at the end (rank 0 and rank 1 hold different "
+                             "parameters): wrap the model in DistributedDataParallel")
+    if not snap.exists():
+        raise AssertionError("no snapshot file was written at config.snapshot")
+    s = torch.load(snap, map_location="cpu", weights_only=False)
+    missing = [k for k in ("model", "optimizer", "scheduler", "epochs_run", "step", "rng")
+               if k not in s]
+    if missing:
+        raise AssertionError(f"the snapshot lacks {missing}: without them a restarted job "
+                             "cannot continue exactly where it stopped")
+    momentum = [v for v in s["optimizer"].get("state", {}).values() if "momentum_buffer" in v]
+    if not momentum:
+        raise AssertionError("the snapshot's optimizer state holds no momentum buffers: save "
+                             "self.optimizer.state_dict(), not a fresh optimizer's")
+    if (s["epochs_run"], s["step"]) != (epochs, epochs * STEPS_PER_EPOCH):
+        raise AssertionError(f"the last snapshot says epochs_run = {s['epochs_run']}, step = "
+                             f"{s['step']}; expected {epochs} and {epochs * STEPS_PER_EPOCH}")
+    if not isinstance(s["rng"], list) or len(s["rng"]) != 2:
+        raise AssertionError("snapshot['rng'] must be a list with every rank's random state "
+                             "(gathered with all_gather_object), entry r for rank r")
+
+
+def _check_resumed(final, want, logs, what):
+    import numpy as np
+    if final["attempt"] != 1:
+        raise AssertionError(f"run {what}: the job finished on attempt {final['attempt']}; "
+                             "expected one restart")
+    loads = [l for name, log in logs.items() if name.endswith("attempt1") for l in log["loads"]]
+    if not loads:
+        raise AssertionError(f"run {what}: after the restart no rank loaded the snapshot")
+    if any(l["map_location"] == "None" for l in loads):
+        raise AssertionError(f"run {what}: torch.load without map_location: pass this rank's "
+                             "device, or every rank loads onto the device the tensors were "
+                             "saved from")
+    if (final["epochs_run"], final["step"]) != (want["epochs_run"], want["step"]):
+        raise AssertionError(f"run {what}: ended with epochs_run = {final['epochs_run']}, step "
+                             f"= {final['step']}; the uninterrupted run ended with "
+                             f"{want['epochs_run']} and {want['step']}: work was repeated or "
+                             "skipped")
+    for name, value in want["model"].items():
+        got = final["model"][name].numpy()
+        if not np.allclose(got, value.numpy(), atol=1e-6, rtol=1e-5):
+            diff = float(np.abs(got - value.numpy()).max())
+            raise AssertionError(
+                f"run {what}: after resuming, {name} differs by {diff:.1e} from the "
+                "uninterrupted run. A resumed run must continue exactly: restore the model, "
+                "the optimizer (momentum), the scheduler, the counters and each rank's random "
+                "state from the snapshot")
+
+
+if __name__ == "__main__":
+    worker_main()

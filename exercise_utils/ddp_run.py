@@ -1,0 +1,189 @@
+"""Settings, data, model, fault injection and the main function of notebook 05's trainer.
+
+The student's ``work/05_trainer.py`` holds ``ddp_setup`` and ``Trainer``; its last line calls
+:func:`main`, which every worker started by torchrun runs::
+
+    torchrun --nproc-per-node 2 --max-restarts 1 work/05_trainer.py --epochs 3 \
+        --snapshot work/05_snapshot.pt --out work/05_final.pt --crash-at-step 20
+
+Fault injection (first attempt only, i.e. ``TORCHELASTIC_RESTART_COUNT`` is 0):
+``--crash-at-step N`` kills rank ``--crash-rank`` right after optimizer step N;
+``--crash-in-save K`` makes rank 0's K-th ``torch.save`` to a file write half of its bytes to it
+it was given and then kills the process (a crash during a write). torchrun then restarts
+every worker (``--max-restarts``) and they resume from the snapshot.
+
+At the end rank 0 writes ``--out``: the final model state, the trainer's counters and
+every rank's parameter checksum (replicas must agree). Used in 05_ddp_torchrun_fault_tolerance.
+"""
+import argparse
+import dataclasses
+import io
+import os
+import random
+import signal
+
+from .config import quick
+
+EXIT_CRASH = 13      # exit code of an injected crash
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """Every setting of one run (defaults: the notebook's CPU run)."""
+    data: str = "fashion-mnist"     # "fashion-mnist" (offline: Debian package) or "synthetic"
+    train_size: int = quick(6000, 512)   # training examples shared by the workers
+    epochs: int = 3
+    batch_size: int = 32            # examples per worker and step
+    model: str = "cnn"              # "cnn" (DropoutNet) or "mlp" (small MLP with dropout)
+    lr: float = 0.05                # learning rate (of the whole run; see warmup_steps)
+    momentum: float = 0.9
+    warmup_steps: int = 0           # linear warm-up from lr/10 to lr over this many steps
+    save_every: int = 1             # epochs between snapshots
+    snapshot: str = "work/05_snapshot.pt"
+    out: str = ""                   # rank 0 writes the final state here ("" = do not)
+    seed: int = 0
+    timeout_s: float = 60           # process group timeout
+    crash_at_step: int = -1         # fault injection (see the module docstring); -1 = never
+    crash_rank: int = 1
+    crash_in_save: int = -1
+
+
+def parse_args(argv=None):
+    """A RunConfig from the command line (``--epochs 3 --crash-at-step 20 ...``)."""
+    p = argparse.ArgumentParser(description="DDP training under torchrun (notebook 05)")
+    for f in dataclasses.fields(RunConfig):
+        kind = {int: int, float: float}.get(f.type, str)
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=f.default)
+    return RunConfig(**vars(p.parse_args(argv)))
+
+
+def attempt():
+    """How many times torchrun has restarted this job (0 on the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _die(message):
+    print(message, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fault_point(trainer):
+    """Kill this worker after step ``crash_at_step`` on ``crash_rank`` (first attempt only)."""
+    c = trainer.config
+    if attempt() == 0 and trainer.step == c.crash_at_step and trainer.rank == c.crash_rank:
+        _die(f"[fault injection] rank {trainer.rank} killed after step {trainer.step}")
+
+
+def _install_torn_save(config):
+    """Make rank 0's ``crash_in_save``-th torch.save write half a file, then die."""
+    import torch
+    real, calls = torch.save, [0]
+
+    def save(obj, f, *args, **kwargs):
+        if not isinstance(f, (str, os.PathLike)):      # in-memory saves (pickled tensors)
+            return real(obj, f, *args, **kwargs)
+        calls[0] += 1
+        if calls[0] != config.crash_in_save:
+            return real(obj, f, *args, **kwargs)
+        buffer = io.BytesIO()
+        real(obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        with open(f, "wb") as out:
+            out.write(data[:len(data) // 2])
+        _die(f"[fault injection] rank 0 killed while writing {f} (half of {len(data)} bytes)")
+    torch.save = save
+
+
+def rng_state():
+    """This process's random states (Python, NumPy, torch CPU and CUDA), picklable."""
+    import numpy as np
+    import torch
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state):
+    """Restore what :func:`rng_state` returned."""
+    import numpy as np
+    import torch
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())
+
+
+def loss_fn(output, target):
+    """Negative log-likelihood of log-probabilities (both models return log_softmax)."""
+    import torch.nn.functional as F
+    return F.nll_loss(output, target)
+
+
+def make_model(name):
+    """The run's network: DropoutNet (the seed's CNN, written correctly) or a small MLP."""
+    import torch.nn as nn
+    from .models import DropoutNet
+    if name == "cnn":
+        return DropoutNet()
+    if name == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Dropout(0.2),
+                             nn.Linear(32, 10), nn.LogSoftmax(dim=1))
+    raise ValueError(f"model must be 'cnn' or 'mlp', got {name!r}")
+
+
+def make_data(config, verbose=False):
+    """The training set as a TensorDataset (the same on every worker)."""
+    from torch.utils.data import TensorDataset
+    from .data import load_dataset
+    ds = load_dataset(config.data, "train", subset=config.train_size, seed=config.seed,
+                      verbose=verbose)
+    return TensorDataset(ds.x, ds.y)
+
+
+def make_optimizer(model, config):
+    """SGD with momentum and a linear warm-up schedule (LambdaLR, stepped every step)."""
+    import torch
+    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    warm = max(0, config.warmup_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 1.0 if s >= warm else 0.1 + 0.9 * s / warm)
+    return opt, sched
+
+
+def main(ddp_setup, trainer_class, argv=None):
+    """What every torchrun worker runs: set up, build, train, write the result, shut down."""
+    import torch
+    import torch.distributed as dist
+    config = parse_args(argv)
+    if config.crash_in_save > 0 and attempt() == 0 and os.environ.get("RANK") == "0":
+        _install_torn_save(config)
+    rank, local_rank, world_size, device = ddp_setup(config)
+    try:
+        torch.manual_seed(config.seed + rank)       # dropout differs per rank; DDP syncs init
+        train_set = make_data(config, verbose=rank == 0)
+        model = make_model(config.model)
+        optimizer, scheduler = make_optimizer(model, config)
+        trainer = trainer_class(model, train_set, optimizer, scheduler, config, rank,
+                                local_rank, world_size, device)
+        trainer.train()
+        _write_result(trainer, config, rank, world_size)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _write_result(trainer, config, rank, world_size):
+    """Rank 0 writes the final state, counters and every rank's parameter checksum."""
+    import torch
+    import torch.distributed as dist
+    module = getattr(trainer.model, "module", trainer.model)
+    sums = [None] * world_size
+    dist.all_gather_object(sums, [float(p.detach().double().sum()) for p in module.parameters()])
+    if rank == 0 and config.out:
+        state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+        torch.save({"model": state, "epochs_run": trainer.epochs_run, "step": trainer.step,
+                    "checksums": sums, "attempt": attempt(), "world_size": world_size},
+                   config.out)
