@@ -152,6 +152,12 @@ def probe_rank_process(student, ctx, config, ports):
         out[case]["seen"] = seen[-1] if seen else None
         out[case]["still_initialized"] = dist.is_initialized()
         if dist.is_initialized():
+            # Tidy up what the student left (a live gloo group aborts the process at exit,
+            # which could kill the other rank before it reports); the ranks are in step here.
+            try:
+                dist.barrier()
+            finally:
+                dist.destroy_process_group()
             break
     return out
 
