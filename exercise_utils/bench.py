@@ -106,6 +106,12 @@ def line_plot(series, xlabel, ylabel, title, path, logx=False, logy=False, xtick
         ax.set_xticklabels([str(t) for t in xticks])
     ax.grid(True, alpha=0.3)
     ax.legend()
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path):
+    """Lay out ``fig``, write it as a PNG to ``path`` (creating folders), close it; return it."""
+    import matplotlib.pyplot as plt
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from . import launch
-from .bench import _interactive, format_table, load_json, save_json
+from .bench import _interactive, format_table, load_json, save_figure, save_json
 from .config import quick
 
 TIMEOUT = quick(300, 120)    # seconds before a training launch is declared hung and killed
@@ -103,10 +103,7 @@ def plot(summaries, path="results/04/runs.png"):
     b.legend(fontsize=8)
     for ax in (a, b):
         ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 

@@ -25,6 +25,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from .bench import save_figure
 from .config import quick
 
 TRAIN_SIZE = quick(8000, 512)   # training examples shared by the workers
@@ -289,11 +290,7 @@ def plot(rows, path="results/05_lr_scaling.png"):
            title="Same epochs, k workers", xticks=sorted({s["workers"] for s in summ}))
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return fig
+    return save_figure(fig, path)
 
 
 if __name__ == "__main__":
