@@ -1,13 +1,19 @@
-"""Checker of notebook 05: the student's torchrun ``Trainer`` with snapshots and restarts.
+"""Checkers of notebook 05: the student's torchrun ``Trainer``, then its snapshots and restarts.
 
-:func:`check_trainer` runs ``work/05_trainer.py`` under torchrun with 2 CPU workers, three
-times, through this module's worker entry point (``python -m exercise_utils.checks_ddp``),
-which imports the student file, records what the workers do (``set_epoch`` before each
-epoch's iteration, every ``torch.save`` / ``torch.load`` and on which rank) and then runs
-:func:`exercise_utils.ddp_run.main` exactly as the student's own launch does:
+Both run ``work/05_trainer.py`` under torchrun with 2 CPU workers through this module's
+worker entry point (``python -m exercise_utils.checks_ddp``), which imports the student file,
+records what the workers do (``set_epoch`` before each epoch's iteration, every
+``torch.save`` / ``torch.load`` and on which rank) and then runs
+:func:`exercise_utils.ddp_run.main` exactly as the student's own launch does.
 
-A. uninterrupted: trains, replicas agree, snapshots come from rank 0 only and hold the
-   optimizer state (momentum), the scheduler, the counters and every rank's RNG state;
+:func:`check_trainer` (``ddp_setup``, ``Trainer.__init__``, ``run_epoch``): one run without
+snapshots: it trains every epoch, a new shuffle each epoch (``set_epoch``), and the replicas
+agree at the end although every rank initialised its model from a different seed (DDP).
+
+:func:`check_snapshots` (``save_snapshot``, ``load_snapshot``), three runs:
+
+A. uninterrupted: snapshots come from rank 0 only and hold the optimizer state (momentum),
+   the scheduler, the counters and every rank's RNG state;
 B. a crash while rank 0 writes a snapshot (half a file written, then killed), one restart:
    must resume from the last complete snapshot and end with A's parameters;
 C. rank 1 killed in the middle of an epoch, one restart: must end with A's parameters.
@@ -107,7 +113,7 @@ def _run(path, folder, name, extra_run=(), restarts=0, timeout=TIMEOUT):
                                  "(ddp_setup, Trainer.__init__, save_snapshot, load_snapshot or "
                                  "run_epoch). Replace the `raise` lines, then run the "
                                  "%%writefile cell again.") from None
-        if name == "A":                      # what the records already show comes first
+        if name in ("A", "T"):               # what the records already show comes first
             _check_records(_logs(records), complete=False)
         raise AssertionError(f"run {name}: the torchrun job failed:\n"
                              f"{_worker_errors(err.output)}") from None
@@ -134,10 +140,27 @@ def _worker_errors(output):
     return "\n".join(keep[-12:]) if keep else _tail(output)
 
 
-def check_trainer(path, timeout=TIMEOUT):
-    """Check ``ddp_setup`` and ``Trainer`` (see the module docstring for the three runs)."""
+def _require(path):
     if not Path(path).is_file():
         raise AssertionError(f"{path} does not exist: run the %%writefile cell that creates it first.")
+
+
+def check_trainer(path, timeout=TIMEOUT):
+    """Check ``ddp_setup``, ``Trainer.__init__`` and ``run_epoch``: one run, no snapshots."""
+    _require(path)
+    with tempfile.TemporaryDirectory(prefix="dtfs-ddp-") as folder:
+        _, final, logs, snap = _checked_run(path, folder, "T", ["--save-every", "1000"],
+                                            timeout=timeout)
+        _check_records(logs)
+        _check_trained(final)
+        if snap.exists():
+            raise AssertionError("a snapshot was written although config.save_every (1000) is "
+                                 "more than the number of epochs (3)")
+
+
+def check_snapshots(path, timeout=TIMEOUT):
+    """Check ``save_snapshot`` and ``load_snapshot`` (module docstring: runs A, B and C)."""
+    _require(path)
     with tempfile.TemporaryDirectory(prefix="dtfs-ddp-") as folder:
         _, final_a, logs_a, snap_a = _checked_run(path, folder, "A", timeout=timeout)
         _check_uninterrupted(final_a, logs_a, snap_a)
@@ -182,10 +205,8 @@ def _check_records(logs, complete=True):
                 "before iterating, or every epoch repeats the same order")
 
 
-def _check_uninterrupted(final, logs, snap):
-    import torch
+def _check_trained(final):
     epochs = 3
-    _check_records(logs)
     if final["epochs_run"] != epochs or final["step"] != epochs * STEPS_PER_EPOCH:
         raise AssertionError(f"after the run epochs_run = {final['epochs_run']} and step = "
                              f"{final['step']}; expected {epochs} and {epochs * STEPS_PER_EPOCH}")
@@ -193,6 +214,13 @@ def _check_uninterrupted(final, logs, snap):
     if any(max(abs(a - b) for a, b in zip(s, sums[0])) > 1e-6 for s in sums[1:]):
         raise AssertionError("the replicas differ at the end (rank 0 and rank 1 hold different "
                              "parameters): wrap the model in DistributedDataParallel")
+
+
+def _check_uninterrupted(final, logs, snap):
+    import torch
+    epochs = 3
+    _check_records(logs)
+    _check_trained(final)
     if not snap.exists():
         raise AssertionError("no snapshot file was written at config.snapshot")
     s = torch.load(snap, map_location="cpu", weights_only=False)

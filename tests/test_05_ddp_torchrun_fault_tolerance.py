@@ -12,17 +12,28 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTION = ROOT / "tests" / "fixtures" / "05_trainer_solution.py"
 WRONG = ROOT / "tests" / "wrong"
 
-# Each known-wrong file and a fragment of the message the checker must give.
+CHECKERS = {"trainer": checks_ddp.check_trainer, "snapshots": checks_ddp.check_snapshots}
+
+# Each known-wrong file and a fragment of the message its checker must give.
 EXPECTED = {
-    "05_trainer_no_optimizer_state": "the snapshot lacks ['optimizer']",
-    "05_trainer_snapshot_in_place": "PytorchStreamReader failed reading zip archive",
     "05_trainer_no_set_epoch": "was [0, 0, 0]; expected [0, 1, 2]. Call self.sampler.set_epoch",
-    "05_trainer_every_rank_saves": "wrote the snapshot",
+    "05_trainer_no_ddp": "the replicas differ at the end",
+    "05_snapshots_no_optimizer_state": "the snapshot lacks ['optimizer']",
+    "05_snapshots_in_place": "PytorchStreamReader failed reading zip archive",
+    "05_snapshots_every_rank_saves": "wrote the snapshot",
 }
 
 
-def test_solution_passes_uninterrupted_torn_save_and_mid_epoch_crash():
+def exercise_of(stem):
+    return next(name for name in CHECKERS if stem[3:].startswith(name))
+
+
+def test_solution_trains_without_snapshots():
     checks_ddp.check_trainer(SOLUTION)
+
+
+def test_solution_snapshots_survive_a_torn_save_and_a_mid_epoch_crash():
+    checks_ddp.check_snapshots(SOLUTION)
 
 
 def test_every_wrong_file_has_an_expected_message():
@@ -32,7 +43,7 @@ def test_every_wrong_file_has_an_expected_message():
 @pytest.mark.parametrize("stem", sorted(EXPECTED))
 def test_checker_rejects_wrong_file(stem):
     with pytest.raises(AssertionError) as err:
-        checks_ddp.check_trainer(WRONG / f"{stem}.py")
+        CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py")
     assert EXPECTED[stem] in str(err.value)
 
 
@@ -41,8 +52,9 @@ def test_blank_trainer_is_reported_as_not_implemented(tmp_path):
     start, end = text.index("    ### BEGIN SOLUTION\n    rank,"), text.index("    ### END SOLUTION\n")
     blank = tmp_path / "05_trainer.py"
     blank.write_text(text[:start] + "    raise NotImplementedError()\n" + text[end:])
-    with pytest.raises(AssertionError, match="not implemented yet"):
-        checks_ddp.check_trainer(blank)
+    for check in CHECKERS.values():
+        with pytest.raises(AssertionError, match="not implemented yet"):
+            check(blank)
 
 
 def test_settings_and_attempt_counter(monkeypatch):

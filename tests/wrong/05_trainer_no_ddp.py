@@ -1,4 +1,4 @@
-"""WRONG (notebook 05, trainer_no_optimizer_state): the snapshot keeps the model, scheduler, counters and random states but not the optimizer, so a resumed run restarts momentum from zero.
+"""WRONG (notebook 05, trainer_no_ddp): the model is moved to the device but never wrapped in DistributedDataParallel, so each rank trains its own model on its own part of the data (no broadcast of rank 0's initial parameters, no gradient averaging).
 
 Based on the solution with this one flaw; the checker must reject it.
 """
@@ -21,6 +21,7 @@ def ddp_setup(config):
     "nccl", device ``cuda:LOCAL_RANK`` (also ``torch.cuda.set_device`` it); otherwise "gloo"
     and the CPU. Timeout: ``config.timeout_s`` seconds.
     """
+    ### BEGIN SOLUTION
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     if torch.cuda.is_available():
@@ -30,6 +31,7 @@ def ddp_setup(config):
         backend, device = "gloo", torch.device("cpu")
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=config.timeout_s))
     return rank, local_rank, world_size, device
+    ### END SOLUTION
 
 
 class Trainer:
@@ -49,13 +51,15 @@ class Trainer:
         # GPU, none on the CPU); a DistributedSampler (shuffle, seed=config.seed) over
         # train_set and a DataLoader with config.batch_size examples per worker; then, if
         # the snapshot file config.snapshot exists, load it (self.load_snapshot()).
+        ### BEGIN SOLUTION
         model = model.to(device)
-        self.model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        self.model = model          # FLAW: not wrapped in DistributedDataParallel
         self.sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank,
                                           shuffle=True, seed=config.seed)
         self.loader = DataLoader(train_set, batch_size=config.batch_size, sampler=self.sampler)
         if os.path.exists(config.snapshot):
             self.load_snapshot()
+        ### END SOLUTION
 
     def save_snapshot(self):
         """Write everything needed to resume exactly; rank 0 writes, every rank waits.
@@ -67,27 +71,33 @@ class Trainer:
         renames it over config.snapshot (``os.replace``: atomic, so a crash during the write
         never leaves a torn snapshot); then all ranks meet at a barrier.
         """
+        ### BEGIN SOLUTION
         rng = [None] * self.world_size
         dist.all_gather_object(rng, ddp_run.rng_state())
         if self.rank == 0:
-            snapshot = {"model": self.model.module.state_dict(),
+            snapshot = {"model": self.model.state_dict(),
+                        "optimizer": self.optimizer.state_dict(),
                         "scheduler": self.scheduler.state_dict(),
                         "epochs_run": self.epochs_run, "step": self.step, "rng": rng}
             tmp = f"{self.config.snapshot}.tmp"
             torch.save(snapshot, tmp)
             os.replace(tmp, self.config.snapshot)
         dist.barrier()
+        ### END SOLUTION
 
     def load_snapshot(self):
         """Restore what ``save_snapshot`` wrote (``map_location`` = this rank's device), so
         that training continues exactly where the snapshot was taken."""
+        ### BEGIN SOLUTION
         # weights_only=False: the snapshot holds NumPy random states (our own, trusted file)
         snapshot = torch.load(self.config.snapshot, map_location=self.device,
                               weights_only=False)
-        self.model.module.load_state_dict(snapshot["model"])
+        self.model.load_state_dict(snapshot["model"])
+        self.optimizer.load_state_dict(snapshot["optimizer"])
         self.scheduler.load_state_dict(snapshot["scheduler"])
         self.epochs_run, self.step = snapshot["epochs_run"], snapshot["step"]
         ddp_run.set_rng_state(snapshot["rng"][self.rank])
+        ### END SOLUTION
         if self.rank == 0:
             print(f"resumed from {self.config.snapshot}: {self.epochs_run} epoch(s) done, "
                   f"step {self.step}", flush=True)
@@ -96,7 +106,9 @@ class Trainer:
         """One pass over this rank's part of the data (every rank a different part)."""
         # TODO: tell the sampler which epoch this is (a new shuffle every epoch, the same on
         # every rank), before iterating over the loader.
+        ### BEGIN SOLUTION
         self.sampler.set_epoch(epoch)
+        ### END SOLUTION
         self.model.train()
         total, count = 0.0, 0
         for x, y in self.loader:

@@ -1,4 +1,4 @@
-"""WRONG (notebook 05, trainer_snapshot_in_place): rank 0 writes the snapshot directly over the previous one (no temporary file, no rename): a crash during the write leaves a torn file that the restarted job tries to load.
+"""WRONG (notebook 05, snapshots_in_place): rank 0 writes the snapshot directly over the previous one (no temporary file, no rename): a crash during the write leaves a torn file that the restarted job tries to load.
 
 Based on the solution with this one flaw; the checker must reject it.
 """

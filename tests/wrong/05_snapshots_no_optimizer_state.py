@@ -1,4 +1,4 @@
-"""WRONG (notebook 05, trainer_every_rank_saves): every rank writes the snapshot (to the same file), racing on it; each writes only its own random state.
+"""WRONG (notebook 05, snapshots_no_optimizer_state): the snapshot keeps the model, scheduler, counters and random states but not the optimizer, so a resumed run restarts momentum from zero.
 
 Based on the solution with this one flaw; the checker must reject it.
 """
@@ -69,9 +69,8 @@ class Trainer:
         """
         rng = [None] * self.world_size
         dist.all_gather_object(rng, ddp_run.rng_state())
-        if True:
+        if self.rank == 0:
             snapshot = {"model": self.model.module.state_dict(),
-                        "optimizer": self.optimizer.state_dict(),
                         "scheduler": self.scheduler.state_dict(),
                         "epochs_run": self.epochs_run, "step": self.step, "rng": rng}
             tmp = f"{self.config.snapshot}.tmp"
@@ -86,7 +85,6 @@ class Trainer:
         snapshot = torch.load(self.config.snapshot, map_location=self.device,
                               weights_only=False)
         self.model.module.load_state_dict(snapshot["model"])
-        self.optimizer.load_state_dict(snapshot["optimizer"])
         self.scheduler.load_state_dict(snapshot["scheduler"])
         self.epochs_run, self.step = snapshot["epochs_run"], snapshot["step"]
         ddp_run.set_rng_state(snapshot["rng"][self.rank])
