@@ -315,10 +315,10 @@ def torchrun(script, nproc, args=(), nnodes=1, port=None, extra=(), **kwargs):
     # Workers of a restarted attempt (--max-restarts) otherwise share the agent's store with
     # the dead attempt's keys and can read a dead worker's address: measured on torch 2.14,
     # 2 of 3 restarts failed or hung with the shared store, 0 of 3 with a fresh store each.
-    kwargs["env"] = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **kwargs.get("env", {})}
+    kwargs["env"] = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(kwargs.get("env") or {})}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-           *extra, script, *args]
+           *map(str, extra), str(script), *map(str, args)]
     kwargs.setdefault("what", f"`torchrun --nproc-per-node {nproc} {script}`")
     return run(cmd, nprocs=int(nproc), **kwargs)
 

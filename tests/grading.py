@@ -31,6 +31,38 @@ def assert_every_check_says(course, student, stem, expected, count):
         assert expected in outputs, (student, first_line, outputs[-1500:])
 
 
+def graded_only(text, keep_checks=None):
+    """A submission of notebook ``text`` that skipped the ungraded runs (demos, experiments).
+
+    Keeps markdown, the setup cell, the ``%%writefile`` cells and the graded cells (with
+    ``keep_checks``, only the ``# CHECK <name>`` cells named there). Used for the blank
+    release: its ungraded cells are the solution's (``course.py release --check`` proves it),
+    which the solution's autograde already runs; running them again only costs minutes.
+    """
+    nb = json.loads(text)
+
+    def keep(cell):
+        src = "".join(cell["source"])
+        if cell["cell_type"] != "code" or src.startswith(("%%writefile", "# Setup")):
+            return True
+        if src.startswith("# CHECK ") and keep_checks is not None:
+            return src.split()[2] in keep_checks
+        return "nbgrader" in cell["metadata"]
+    nb["cells"] = [c for c in nb["cells"] if keep(c)]
+    return json.dumps(nb, indent=1)
+
+
+def assert_ran_without_errors(course, student, stem):
+    """Assert that no cell of ``student``'s autograded notebook ended in an error (the
+    autograder goes on after a failing cell, so a broken demo would not lower the score)."""
+    path = course / "autograded" / student / stem / f"{stem}.ipynb"
+    for cell in json.loads(path.read_text())["cells"]:
+        for out in cell.get("outputs", []):
+            assert out.get("output_type") != "error", (
+                f"{student}: the cell starting {''.join(cell['source'])[:80]!r} raised "
+                f"{out.get('ename')}: {out.get('evalue', '')[:500]}")
+
+
 def autograde(tmp_path, stem, submissions, timeout=1500):
     """Autograde submissions of one notebook with ``scripts/course.py autograde``.
 

@@ -12,7 +12,8 @@ from exercise_utils import (bench_ring, checks_dist, checks_ring, checks_syncbn,
 from exercise_utils import dist_experiments as de
 from exercise_utils.harness import run_ranks
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
-from grading import assert_every_check_says, autograde, graded_text
+from grading import (assert_every_check_says, assert_ran_without_errors, autograde,
+                     graded_only, graded_text)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "03_torch_distributed_collectives"
@@ -281,9 +282,10 @@ def test_key_lines_keeps_rank_prints_and_errors_without_noise():
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
     course, scores, seconds = autograde(tmp_path, STEM, {"solution": SOLUTION.read_text(),
-                                                         "blank": RELEASE.read_text()}, 1200)
+                                                         "blank": graded_only(RELEASE.read_text())}, 1200)
     assert scores == {"solution": float(POINTS), "blank": 0.0}, scores
     assert_every_check_says(course, "solution", STEM, "all checks passed", len(CHECKERS))
+    assert_ran_without_errors(course, "solution", STEM)
     assert_every_check_says(course, "blank", STEM, "not implemented yet: ", len(CHECKERS))
     assert "processes left: []" in graded_text(course, "solution", STEM)     # the hang demo killed everything
     assert seconds < 600, f"autograding two submissions took {seconds:.0f} s"

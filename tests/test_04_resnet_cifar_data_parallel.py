@@ -11,7 +11,8 @@ from exercise_utils import checks_cifar, cifar_dp, cifar_tricks, launch, models
 from exercise_utils import cifar_experiments as cx
 from exercise_utils.bench import load_json
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
-from grading import assert_every_check_says, autograde, graded_text
+from grading import (assert_every_check_says, assert_ran_without_errors, autograde,
+                     graded_only, graded_text)
 from test_data import make_cifar
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,9 +154,10 @@ def test_tables_and_plot(tmp_path):
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
     course, scores, seconds = autograde(tmp_path, STEM, {"solution": SOLUTION.read_text(),
-                                                         "blank": RELEASE.read_text()}, 900)
+                                                         "blank": graded_only(RELEASE.read_text())}, 900)
     assert scores == {"solution": float(POINTS), "blank": 0.0}, scores
     assert_every_check_says(course, "solution", STEM, "all checks passed", len(CHECKERS))
+    assert_ran_without_errors(course, "solution", STEM)
     assert_every_check_says(course, "blank", STEM, "not implemented yet: ", len(CHECKERS))
     graded = graded_text(course, "solution", STEM)
     assert "speed vs 1st" in graded and "gradient all-reduce, 2 gloo ranks" in graded
