@@ -187,3 +187,41 @@ def _write_result(trainer, config, rank, world_size):
         torch.save({"model": state, "epochs_run": trainer.epochs_run, "step": trainer.step,
                     "checksums": sums, "attempt": attempt(), "world_size": world_size},
                    config.out)
+
+
+def restart_story(output, width=150):
+    """The lines of a torchrun job's output that tell what happened, for a crash demo.
+
+    Drops the workers' traceback frames (keeps each worker's final error line) and shortens
+    long lines to ``width`` characters. Returns the text.
+    """
+    import re
+    keep = []
+    for line in output.splitlines():
+        frame = re.match(r"^\[rank\d+\]:(\s{2,}|\s*Traceback)", line)
+        if frame or not line.strip():
+            continue
+        keep.append(line if len(line) <= width else line[:width - 3] + "...")
+    return "\n".join(keep)
+
+
+def compare(reference, other):
+    """Compare two ``--out`` files of this script (e.g. an uninterrupted and a resumed run).
+
+    Returns:
+        dict: ``max_abs_diff`` (largest parameter difference between the two final models),
+        ``steps`` and ``epochs`` (pairs), ``attempts`` (pair: 0 = never restarted) and
+        ``replica_spread`` (pair: the largest difference of a parameter checksum between
+        any rank and rank 0, within each run).
+    """
+    import torch
+    a, b = (torch.load(p, map_location="cpu") for p in (reference, other))
+    diff = max(float((a["model"][k].double() - b["model"][k].double()).abs().max())
+               for k in a["model"])
+
+    def spread(run):
+        sums = run["checksums"]
+        return max(abs(x - y) for s in sums for x, y in zip(s, sums[0]))
+    return {"max_abs_diff": diff, "steps": (a["step"], b["step"]),
+            "epochs": (a["epochs_run"], b["epochs_run"]), "attempts": (a["attempt"], b["attempt"]),
+            "replica_spread": (spread(a), spread(b))}

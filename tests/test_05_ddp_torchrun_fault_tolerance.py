@@ -1,17 +1,22 @@
-"""Notebook 05 (DDP under torchrun, snapshots, restarts), work in progress: the checker of the
-torchrun Trainer against the solution and the known-wrong files; the fault injection of
-ddp_run. The solution lives in tests/fixtures/05_trainer_solution.py until the notebook
-(solutions/05_ddp_torchrun_fault_tolerance.ipynb) holds it in its %%writefile cell."""
+"""Notebook 05 (DDP under torchrun, snapshots, restarts): the checkers of the torchrun Trainer
+against the known-wrong files, the fault injection and helpers of ddp_run, and the whole
+notebook autograded as the solution and as the blank release (which also proves that both
+checkers accept the solution and say "not implemented yet" for the blank)."""
 from pathlib import Path
 
 import pytest
 
 from exercise_utils import checks_ddp, ddp_run
+from exercise_utils.notebook_files import extract_writefiles, writefile_cells
+from grading import (assert_every_check_says, assert_ran_without_errors, autograde,
+                     graded_only, graded_text)
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTION = ROOT / "tests" / "fixtures" / "05_trainer_solution.py"
+STEM = "05_ddp_torchrun_fault_tolerance"
+SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
+RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
 WRONG = ROOT / "tests" / "wrong"
-
+POINTS = 8
 CHECKERS = {"trainer": checks_ddp.check_trainer, "snapshots": checks_ddp.check_snapshots}
 
 # Each known-wrong file and a fragment of the message its checker must give.
@@ -28,12 +33,13 @@ def exercise_of(stem):
     return next(name for name in CHECKERS if stem[3:].startswith(name))
 
 
-def test_solution_trains_without_snapshots():
-    checks_ddp.check_trainer(SOLUTION)
+@pytest.fixture(scope="module")
+def solution_file(tmp_path_factory):
+    return extract_writefiles(SOLUTION, tmp_path_factory.mktemp("solution05"))["05_trainer"]
 
 
-def test_solution_snapshots_survive_a_torn_save_and_a_mid_epoch_crash():
-    checks_ddp.check_snapshots(SOLUTION)
+def test_solution_writes_the_trainer_file():
+    assert {Path(p).name for p in writefile_cells(SOLUTION)} == {"05_trainer.py"}
 
 
 def test_every_wrong_file_has_an_expected_message():
@@ -45,16 +51,6 @@ def test_checker_rejects_wrong_file(stem):
     with pytest.raises(AssertionError) as err:
         CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py")
     assert EXPECTED[stem] in str(err.value)
-
-
-def test_blank_trainer_is_reported_as_not_implemented(tmp_path):
-    text = SOLUTION.read_text()
-    start, end = text.index("    ### BEGIN SOLUTION\n    rank,"), text.index("    ### END SOLUTION\n")
-    blank = tmp_path / "05_trainer.py"
-    blank.write_text(text[:start] + "    raise NotImplementedError()\n" + text[end:])
-    for check in CHECKERS.values():
-        with pytest.raises(AssertionError, match="not implemented yet"):
-            check(blank)
 
 
 def test_settings_and_attempt_counter(monkeypatch):
@@ -80,3 +76,31 @@ def test_rng_state_round_trip():
     first = (random.random(), float(np.random.rand()), float(torch.rand(1)))
     ddp_run.set_rng_state(state)
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == first
+
+
+def test_compare_reports_the_largest_difference(tmp_path):
+    import torch
+    def out(path, w, step, sums, attempt):
+        torch.save({"model": {"w": torch.tensor(w)}, "step": step, "epochs_run": 3,
+                    "checksums": sums, "attempt": attempt, "world_size": 2}, path)
+    out(tmp_path / "a.pt", [1.0, 2.0], 24, [[3.0], [3.0]], 0)
+    out(tmp_path / "b.pt", [1.0, 2.5], 24, [[3.5], [3.25]], 1)
+    cmp = ddp_run.compare(tmp_path / "a.pt", tmp_path / "b.pt")
+    assert cmp["max_abs_diff"] == 0.5 and cmp["attempts"] == (0, 1)
+    assert cmp["replica_spread"] == (0.0, 0.25) and cmp["steps"] == (24, 24)
+
+
+# ------------------------------------------------------------------ whole notebook
+@pytest.mark.notebook
+def test_autograde_solution_and_blank(tmp_path):
+    course, scores, seconds = autograde(tmp_path, STEM, {
+        "solution": SOLUTION.read_text(), "blank": graded_only(RELEASE.read_text())}, 900)
+    assert scores == {"solution": float(POINTS), "blank": 0.0}, scores
+    assert_every_check_says(course, "solution", STEM, "all checks passed", len(CHECKERS))
+    assert_ran_without_errors(course, "solution", STEM)
+    assert_every_check_says(course, "blank", STEM, "not implemented yet: ", len(CHECKERS))
+    graded = graded_text(course, "solution", STEM)
+    # the restarted job ends with the uninterrupted job's parameters, in the notebook too
+    assert "largest parameter difference between A and B: 0" in graded
+    assert "restarted 1 time(s)" in graded and "one job: 2 workers on 2 nodes" in graded
+    assert "linear + warm-up" in graded
