@@ -5,8 +5,9 @@ checkers accept the solution and say "not implemented yet" for the blank)."""
 from pathlib import Path
 
 import pytest
+import torch
 
-from exercise_utils import checks_ddp, ddp_run
+from exercise_utils import checks_ddp, ddp_run, launch
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 from grading import (assert_every_check_says, assert_ran_without_errors, autograde,
                      graded_only, graded_text)
@@ -104,3 +105,19 @@ def test_autograde_solution_and_blank(tmp_path):
     assert "largest parameter difference between A and B: 0" in graded
     assert "restarted 1 time(s)" in graded and "one job: 2 workers on 2 nodes" in graded
     assert "linear + warm-up" in graded
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+def test_gpu_run_uses_nccl_and_the_local_gpu(solution_file, tmp_path):
+    """One worker per GPU (at most 2): NCCL, device_ids, a snapshot loaded back with
+    map_location after an injected crash."""
+    n = min(2, torch.cuda.device_count())
+    out, snap = tmp_path / "final.pt", tmp_path / "snap.pt"
+    launch.torchrun(solution_file, n, [
+        "--data", "synthetic", "--train-size", "512", "--epochs", "2", "--snapshot", snap,
+        "--out", out, "--crash-at-step", "12", "--crash-rank", n - 1],
+        extra=["--max-restarts", "1"], timeout=300)
+    final = torch.load(out, map_location="cpu")
+    assert final["attempt"] == 1 and final["epochs_run"] == 2
+    sums = final["checksums"]
+    assert all(max(abs(a - b) for a, b in zip(s, sums[0])) < 1e-6 for s in sums)
