@@ -128,6 +128,7 @@ def main(argv=None):
             "max_replica_diff": diff, "max_vs_reference": gap[0],
             "max_vs_other_divisor": gap[1], "checksum": flat.double().abs().sum().item()})
     dist.barrier()
+    del model, opt                # free DDP (it holds the group) before destroying the group
     dist.destroy_process_group()
 
 

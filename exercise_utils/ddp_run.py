@@ -17,6 +17,7 @@ every rank's parameter checksum (replicas must agree). Used in 05_ddp_torchrun_f
 """
 import argparse
 import dataclasses
+import gc
 import io
 import os
 import random
@@ -155,24 +156,32 @@ def make_optimizer(model, config):
 
 def main(ddp_setup, trainer_class, argv=None):
     """What every torchrun worker runs: set up, build, train, write the result, shut down."""
-    import torch
     import torch.distributed as dist
     config = parse_args(argv)
     if config.crash_in_save > 0 and attempt() == 0 and os.environ.get("RANK") == "0":
         _install_torn_save(config)
     rank, local_rank, world_size, device = ddp_setup(config)
     try:
-        torch.manual_seed(config.seed + rank)       # dropout differs per rank; DDP syncs init
-        train_set = make_data(config, verbose=rank == 0)
-        model = make_model(config.model)
-        optimizer, scheduler = make_optimizer(model, config)
-        trainer = trainer_class(model, train_set, optimizer, scheduler, config, rank,
-                                local_rank, world_size, device)
-        trainer.train()
-        _write_result(trainer, config, rank, world_size)
+        _train(trainer_class, config, rank, local_rank, world_size, device)
         dist.barrier()
     finally:
+        # The DDP model (gone with _train's frame) holds the process group: once it is freed
+        # the group really shuts down here, not in the interpreter's exit, where gloo's
+        # threads can abort the process (SIGABRT; seen once in a CI run of notebook 05).
+        gc.collect()
         dist.destroy_process_group()
+
+
+def _train(trainer_class, config, rank, local_rank, world_size, device):
+    import torch
+    torch.manual_seed(config.seed + rank)       # dropout differs per rank; DDP syncs init
+    train_set = make_data(config, verbose=rank == 0)
+    model = make_model(config.model)
+    optimizer, scheduler = make_optimizer(model, config)
+    trainer = trainer_class(model, train_set, optimizer, scheduler, config, rank,
+                            local_rank, world_size, device)
+    trainer.train()
+    _write_result(trainer, config, rank, world_size)
 
 
 def _write_result(trainer, config, rank, world_size):
