@@ -1,0 +1,385 @@
+"""Probe side of notebook 06's checkers: what runs inside the checked ranks, and the replay.
+
+:func:`probe` runs inside every rank started by :func:`exercise_utils.harness.run_ranks`
+(2 ranks with torchrun's variables ``RANK``/``WORLD_SIZE``, 3 ranks under ``mpiexec``). It
+joins the job with the student's ``init`` (or by itself when ``init`` is not written yet),
+replaces every ``torch.distributed`` collective by a recording wrapper (which collective,
+how many elements, ``async_op``, when its ``wait()`` came) and runs one probe per graded
+stage: ``api``, ``naive``, ``flat``, ``overlap``, ``buckets``. For the stages that
+broadcast (``api``, ``overlap``, ``buckets``) the models come seeded differently on every
+rank, so a missing broadcast shows; ``allreduce_naive`` / ``allreduce_flat`` get the same
+start on every rank (they only average). The models have a frozen parameter and a tied
+weight (:class:`~exercise_utils.models.FrozenTiedNet`) and with BatchNorm buffers
+(:class:`~exercise_utils.models.BNNet`). :func:`replay` is the reference: single-process
+SGD on the combined batch, BatchNorm statistics per rank's sub-batch (as data parallelism
+without SyncBatchNorm computes them), so each rank's running statistics are its own.
+
+Used in 06_build_your_own_ddp (by :mod:`exercise_utils.checks_myddp`).
+"""
+import datetime
+import gc
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .models import BNNet, FrozenTiedNet, TinyMLP
+
+STAGES = ("api", "naive", "flat", "overlap", "buckets")
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce", "reduce_scatter", "barrier",
+               "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce_coalesced",
+               "all_to_all", "scatter", "gather")
+IN_FEATURES = {"tied": 12, "bn": 10}
+LOCAL_BATCH, STEPS, LR, MOMENTUM = 4, 3, 0.1, 0.9
+BUCKET_CAPS = {"tied": 600, "bn": 300}  # bytes: "bn" has fc1.weight (640 bytes) above its cap
+DATA_SIZE, GLOBAL_BATCH = 50, 12         # partition_dataset: 4 steps with 2 ranks and with 3
+
+
+# ---------------------------------------------------------------- shared with the checker
+def make_model(name):
+    return FrozenTiedNet() if name == "tied" else BNNet()
+
+
+def seeded_model(name, seed):
+    """A model initialised from ``seed``; BNNet also gets running statistics from a batch."""
+    torch.manual_seed(seed)
+    model = make_model(name)
+    if name == "bn":
+        with torch.no_grad():
+            model(torch.randn(8, IN_FEATURES["bn"]) * 2 + 1)
+    return model
+
+
+def batch(name, step, rank, micro=0):
+    """The deterministic local batch (x, y) of ``rank`` at ``step`` (micro-batch ``micro``)."""
+    g = torch.Generator().manual_seed(10007 * step + 101 * rank + 7 * micro + len(name))
+    return torch.randn(LOCAL_BATCH, IN_FEATURES[name], generator=g), \
+        torch.randint(0, 3, (LOCAL_BATCH,), generator=g)
+
+
+def dataset():
+    """The dataset given to partition_dataset: (x, y, index) triples."""
+    g = torch.Generator().manual_seed(5)
+    return (torch.randn(DATA_SIZE, IN_FEATURES["bn"], generator=g),
+            torch.randint(0, 3, (DATA_SIZE,), generator=g), torch.arange(DATA_SIZE))
+
+
+def named_state(model):
+    """``{name: array}`` of the parameters (tied ones once) and buffers."""
+    items = list(model.named_parameters()) + list(model.named_buffers())
+    return {k: v.detach().cpu().numpy().copy() for k, v in items}
+
+
+def replay(name, init, steps):
+    """Single-process SGD on the combined batches; BatchNorm statistics per rank.
+
+    Args:
+        name: "tied" or "bn".
+        init: ``named_state`` to start from.
+        steps: per step, per rank, a list of micro-batches ``(x, y)`` (several: accumulated).
+    Returns:
+        (parameters, per-rank buffers, gradients of the first step), dicts of arrays.
+    """
+    model = make_model(name)
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in init.items()}, strict=False)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    buffers = [{k: b.clone() for k, b in model.named_buffers()} for _ in steps[0]]
+    grads = None
+    for per_rank in steps:
+        opt.zero_grad(set_to_none=True)
+        for rank, micros in enumerate(per_rank):
+            with torch.no_grad():
+                for k, b in model.named_buffers():
+                    b.copy_(buffers[rank][k])
+            for x, y in micros:
+                (F.cross_entropy(model(torch.as_tensor(x)), torch.as_tensor(y))
+                 / len(per_rank)).backward()
+            buffers[rank] = {k: b.clone() for k, b in model.named_buffers()}
+        if grads is None:
+            grads = _grads(model)
+        opt.step()
+    params = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
+    return params, [{k: v.numpy() for k, v in b.items()} for b in buffers], grads
+
+
+def reference(name, out, size, no_sync_first=False):
+    """replay() of the batches the probe gave each rank (step 0: two if no_sync_first)."""
+    return replay(name, out["init"], [
+        [([batch(name, 0, r, 1)] if step == 0 and no_sync_first else [])
+         + [batch(name, step, r)] for r in range(size)] for step in range(STEPS)])
+
+
+def grad_params(name):
+    """[(name, numel)] of the parameters that require a gradient (tied ones once)."""
+    return [(n, p.numel()) for n, p in make_model(name).named_parameters() if p.requires_grad]
+
+
+def expected_buckets(name):
+    """BucketDDP's buckets (names) for the model ``name`` and its cap in BUCKET_CAPS."""
+    cap, buckets, used = BUCKET_CAPS[name], [], 0
+    for pname, numel in reversed(grad_params(name)):
+        if buckets and used + 4 * numel <= cap:
+            buckets[-1].append(pname)
+            used += 4 * numel
+        else:
+            buckets.append([pname])
+            used = 4 * numel
+    return buckets
+
+
+def _grads(model):
+    return {k: p.grad.detach().cpu().numpy().copy() for k, p in model.named_parameters()
+            if p.grad is not None}
+
+
+# ---------------------------------------------------------------- recording collectives
+class _Work:
+    """Stands for the Work object of an async collective; records when ``wait()`` is called."""
+
+    def __init__(self, work, recorder, index):
+        self._work, self._recorder, self._index = work, recorder, index
+
+    def wait(self, *args, **kwargs):
+        self._recorder.mark("wait", self._index)
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+class Recorder:
+    """Replaces the torch.distributed collectives (also names the student imported) by
+    recording wrappers; ``events`` lists ("coll", name, numel, async_op), ("wait", i) and
+    the probe's own marks in the order they happened."""
+
+    def __init__(self):
+        self.events, self.original, self.student = [], {}, None
+
+    def install(self, student):
+        self.student = student
+        for name in COLLECTIVES:
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                self.original[name] = fn
+                self._replace(fn, self._wrap(name, fn))
+
+    def uninstall(self):
+        for name, fn in self.original.items():
+            self._replace(getattr(dist, name), fn)
+
+    def _replace(self, old, new):
+        for module in (dist, self.student):
+            for key, value in list(vars(module).items()):
+                if value is old:
+                    setattr(module, key, new)
+
+    def _wrap(self, name, fn):
+        def recorded(*args, **kwargs):
+            tensor = args[0] if args else kwargs.get("tensor")
+            numel = tensor.numel() if isinstance(tensor, torch.Tensor) else 0
+            async_op = kwargs.get("async_op", args[3] if len(args) > 3 else False)
+            index = len(self.events)
+            self.events.append(("coll", name, numel, bool(async_op)))
+            work = fn(*args, **kwargs)
+            return _Work(work, self, index) if work is not None else None
+        return recorded
+
+    def mark(self, *event):
+        self.events.append(event)
+
+    def take(self):
+        events, self.events = self.events, []
+        return events
+
+
+# ---------------------------------------------------------------- the probe
+def probe(student, ctx, stages, progress, gloo_timeout):
+    """Run the probes of ``stages``; return ``{stage: result}`` (``{"todo": function}``
+    where the student's code raised NotImplementedError). Other errors propagate."""
+    results, rec = {}, Recorder()
+    _progress(progress, ctx.rank, "api:init")
+    if "api" in stages:
+        results["api"] = {"init": _try(student, lambda: _init(student, ctx, gloo_timeout))}
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.size,
+                                timeout=datetime.timedelta(seconds=gloo_timeout))
+    if (dist.get_rank(), dist.get_world_size()) != (ctx.rank, ctx.size):
+        raise RuntimeError(f"after init() this process is rank {dist.get_rank()} of "
+                           f"{dist.get_world_size()}; the launcher started it as rank "
+                           f"{ctx.rank} of {ctx.size}: read them from the launcher's variables "
+                           "(torchrun: RANK, WORLD_SIZE; MPICH: PMI_RANK, PMI_SIZE; Open MPI: "
+                           "OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)")
+    rec.install(student)
+    try:
+        for stage in stages:
+            _progress(progress, ctx.rank, stage)
+            out = _try(student, lambda: PROBES[stage](student, ctx, rec, progress))
+            results.setdefault(stage, {}).update(out)
+    finally:
+        rec.uninstall()
+    _progress(progress, ctx.rank, "done")
+    gc.collect()        # free the hooks, handles and graphs that hold the group (gloo abort)
+    dist.barrier()
+    dist.destroy_process_group()
+    return results
+
+
+def _progress(folder, rank, what):
+    (Path(folder) / f"rank{rank}").write_text(what)
+
+
+def _try(student, fn):
+    try:
+        return fn()
+    except NotImplementedError as exc:
+        frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)
+                  if frame.f_code.co_filename == student.__file__]
+        code = frames[-1].f_code if frames else None
+        return {"todo": getattr(code, "co_qualname", code.co_name) if code else "your code"}
+
+
+def _init(student, ctx, gloo_timeout):
+    rank, size, device = student.init(backend="gloo", timeout_s=gloo_timeout)
+    ok = dist.is_initialized()
+    return {"returned": [int(rank), int(size), str(device)], "initialized": ok,
+            "backend": dist.get_backend() if ok else None,
+            "group": [dist.get_rank(), dist.get_world_size()] if ok else None}
+
+
+def probe_api(student, ctx, rec, progress):
+    torch.manual_seed(50 + ctx.rank)
+    model, root = TinyMLP(), ctx.size - 1
+    before, ptrs = named_state(model), [p.data_ptr() for p in model.parameters()]
+    student.broadcast_parameters(model, root=root)
+    out = {"broadcast": {"root": root, "before": before, "after": named_state(model),
+                         "in_place": ptrs == [p.data_ptr() for p in model.parameters()]}}
+    data = torch.utils.data.TensorDataset(*dataset())
+    try:
+        student.partition_dataset(data, GLOBAL_BATCH + 1)
+        out["indivisible"] = "returned normally"
+    except ValueError:
+        out["indivisible"] = None
+    except Exception as exc:  # noqa: BLE001 - reported by the checker
+        out["indivisible"] = f"raised {type(exc).__name__}: {exc}"
+    loader, per_rank = student.partition_dataset(data, GLOBAL_BATCH, seed=0)
+    out["per_rank"], out["batches"] = int(per_rank), [b[2].tolist() for b in loader]
+    sizes = [len(b) for b in out["batches"]]
+    fits = torch.tensor([float(sizes == [GLOBAL_BATCH // ctx.size] * (DATA_SIZE // GLOBAL_BATCH))])
+    rec.original["all_reduce"](fits, op=dist.ReduceOp.MIN)
+    if fits.item() < 1:         # no training on wrong batches: the checker reports them
+        return out
+    out["train"] = {s: _train_api(student, ctx, data, s) for s in ("naive", "flat")}
+    return out
+
+
+def _train_api(student, ctx, data, strategy):
+    log, all_reduce = [], dist.all_reduce
+
+    def reference(kind):
+        def reduce(params):
+            with_grad = [p for p in params if p.grad is not None]
+            log.append(f"{kind} of {len(with_grad)} gradients")
+            for p in with_grad:
+                all_reduce(p.grad)          # the recorder's wrapper: counted, not checked
+                p.grad.div_(ctx.size)
+        return reduce
+    saved = student.allreduce_naive, student.allreduce_flat
+    student.allreduce_naive, student.allreduce_flat = reference("naive"), reference("flat")
+    try:
+        model = seeded_model("bn", 100 + ctx.rank)
+        init = named_state(model)
+        student.broadcast_parameters(model, root=0)
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        inner_step, inner_zero = opt.step, opt.zero_grad
+        opt.step = lambda *a, **k: (log.append("optimizer.step"), inner_step(*a, **k))[1]
+        opt.zero_grad = lambda *a, **k: (log.append("optimizer.zero_grad"), inner_zero(*a, **k))[1]
+        dopt = student.DistributedOptimizer(opt, model, strategy=strategy)
+        loader, _ = student.partition_dataset(data, GLOBAL_BATCH, seed=1)
+        batches = []
+        for x, y, idx in loader:
+            dopt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            log.append("backward")
+            dopt.step()
+            batches.append(idx.tolist())
+    finally:
+        student.allreduce_naive, student.allreduce_flat = saved
+    return {"init": init, "batches": batches, "final": named_state(model), "log": log}
+
+
+def _probe_reduce(function):
+    def run(student, ctx, rec, progress):
+        out = {}
+        for name in ("tied", "bn"):
+            model = seeded_model(name, 0)               # the same start on every rank
+            init, steps, grads = named_state(model), [], None
+            opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+            for step in range(STEPS):
+                opt.zero_grad(set_to_none=True)
+                x, y = batch(name, step, ctx.rank)
+                F.cross_entropy(model(x), y).backward()
+                rec.take()
+                getattr(student, function)(list(model.parameters()))
+                steps.append(rec.take())
+                grads = grads or _grads(model)
+                opt.step()
+            out[name] = {"init": init, "final": named_state(model), "events": steps,
+                         "grads": grads}
+        return out
+    return run
+
+
+def _train_ddp(student, ctx, rec, name, make_ddp, no_sync_first=False):
+    model = seeded_model(name, 100 + ctx.rank)
+    init = named_state(model)
+    for pname, p in model.named_parameters():
+        if p.requires_grad:      # registered before the student's hooks: they run first
+            p.register_post_accumulate_grad_hook(lambda _, n=pname: rec.mark("ready", n))
+    ddp = make_ddp(model)
+    after_init, steps, grads = named_state(model), [], None
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        rec.take()
+        if step == 0 and no_sync_first:
+            with ddp.no_sync():
+                F.cross_entropy(ddp(batch(name, 0, ctx.rank, 1)[0]),
+                                batch(name, 0, ctx.rank, 1)[1]).backward()
+            rec.mark("no_sync_end")
+        x, y = batch(name, step, ctx.rank)
+        x.requires_grad_(True)
+        x.register_hook(lambda g: rec.mark("input_grad"))
+        F.cross_entropy(ddp(x), y).backward()
+        rec.mark("backward_done")
+        ddp.finish_gradient_synchronization()
+        steps.append(rec.take())
+        grads = grads or _grads(model)
+        opt.step()
+    return ddp, {"init": init, "after_init": after_init, "final": named_state(model),
+                 "events": steps, "grads": grads}
+
+
+def probe_overlap(student, ctx, rec, progress):
+    return {name: _train_ddp(student, ctx, rec, name, student.OverlapDDP)[1]
+            for name in ("tied", "bn")}
+
+
+def probe_buckets(student, ctx, rec, progress):
+    out = {}
+    for name in ("tied", "bn"):
+        _progress(progress, ctx.rank, f"buckets:{name}")
+        cap = BUCKET_CAPS[name] / 2 ** 20
+        ddp, out[name] = _train_ddp(student, ctx, rec, name,
+                                    lambda m: student.BucketDDP(m, bucket_cap_mb=cap), True)
+        names = {id(p): n for n, p in ddp.module.named_parameters()}
+        out[name]["buckets"] = [[b if isinstance(b, str) else names.get(id(b), repr(b))
+                                 for b in bucket] for bucket in ddp.buckets]
+    return out
+
+
+PROBES = {"api": probe_api, "naive": _probe_reduce("allreduce_naive"),
+          "flat": _probe_reduce("allreduce_flat"), "overlap": probe_overlap,
+          "buckets": probe_buckets}
+
