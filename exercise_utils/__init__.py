@@ -9,8 +9,10 @@ Modules (flat, one topic each): ``config`` (quick mode), ``data`` (datasets),
 ``dist_experiments``, ``dist_demos``;
 04 ``cifar_tricks`` (the trainer's parts), ``cifar_dp`` (settings and launcher),
 ``checks_cifar``, ``cifar_experiments``;
-05 (in progress) ``ddp_run`` (settings, fault injection, main), ``checks_ddp``, ``multinode``,
-``ddp_hello``, ``lr_scaling``.
+05 ``ddp_run`` (settings, fault injection, main), ``checks_ddp``, ``multinode``,
+``ddp_hello``, ``lr_scaling``, ``ddp_join``;
+06 ``checks_myddp`` and ``myddp_probe`` (the checkers and what runs in the ranks),
+``ddp_bench``.
 """
 from .config import QUICK, quick
 

@@ -294,7 +294,7 @@ def mpiexec(script, n, args=(), module=False, label=True, **kwargs):
     cmd += [sys.executable, "-m", "exercise_utils.linebuf", *(["-m"] if module else []), script,
             *args]
     kwargs.setdefault("what", f"`mpiexec -n {n} python {'-m ' if module else ''}{script}`")
-    kwargs["env"] = {"PYTHONUNBUFFERED": "", **kwargs.get("env", {})}
+    kwargs["env"] = {"PYTHONUNBUFFERED": "", **(kwargs.get("env") or {})}
     return run(cmd, nprocs=int(n), **kwargs)
 
 

@@ -1,7 +1,8 @@
-"""Notebook 06 (build your own DDP), work in progress: the five checkers against the solution,
-the known-wrong files and the blank release; the solution launched by torchrun and by mpiexec.
-The solution lives in tests/fixtures/06_myddp_solution.py until the notebook
-(solutions/06_build_your_own_ddp.ipynb) holds it in its %%writefile work/06_myddp.py cell.
+"""Notebook 06 (build your own DDP): the five checkers against the known-wrong files and the
+blank file, a crash in one stage costing only its points, and the whole notebook autograded as
+the solution and as the blank release (which also proves that every checker accepts the
+solution, that the solution's training script runs under mpiexec and torchrun with 1 and 2
+ranks, and that the benchmark runs).
 
 The checkers keep their launches' results per file content, so the five checks of one file
 cost one launch per world size (2 and 3 ranks)."""
@@ -10,11 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from exercise_utils import checks_myddp, launch
+from exercise_utils import checks_myddp
+from exercise_utils.notebook_files import extract_writefiles, writefile_cells
+from grading import (assert_every_check_says, assert_ran_without_errors, autograde,
+                     graded_only, graded_text)
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTION = ROOT / "tests" / "fixtures" / "06_myddp_solution.py"
+STEM = "06_build_your_own_ddp"
+SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
+RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
 WRONG = ROOT / "tests" / "wrong"
+POINTS = 10
 CHECKERS = {"api": checks_myddp.check_api, "naive": checks_myddp.check_naive,
             "flat": checks_myddp.check_flat, "overlap": checks_myddp.check_overlap,
             "buckets": checks_myddp.check_buckets}
@@ -36,23 +43,21 @@ def exercise_of(stem):
     return next(name for name in CHECKERS if stem[3:].startswith(name))
 
 
-def blank(text):
-    """The release's version of a student file: every solution region raises."""
-    return re.sub(r"^( *)### BEGIN SOLUTION\n.*?^ *### END SOLUTION\n",
-                  r"\1raise NotImplementedError()\n", text, flags=re.S | re.M)
+@pytest.fixture(scope="module")
+def blank_file(tmp_path_factory):
+    """The release's student file: every solution region replaced by a raise."""
+    return extract_writefiles(RELEASE, tmp_path_factory.mktemp("blank06"))["06_myddp"]
 
 
-def test_solution_regions_sit_inside_function_bodies():
-    text = SOLUTION.read_text()
-    begins = re.findall(r"^( *)### BEGIN SOLUTION$", text, flags=re.M)
-    assert len(begins) == text.count("### END SOLUTION") >= 15
-    assert all(len(indent) >= 4 for indent in begins)
-    compile(blank(text), "blank", "exec")
+def test_solution_writes_the_student_file_and_the_training_script():
+    assert {Path(p).name for p in writefile_cells(SOLUTION)} == {"06_myddp.py", "06_train.py"}
 
 
-@pytest.mark.parametrize("name", list(CHECKERS))
-def test_solution_passes(name):
-    CHECKERS[name](SOLUTION)
+def test_release_regions_sit_inside_function_bodies(blank_file):
+    text = Path(blank_file).read_text()
+    raises = re.findall(r"^( *)raise NotImplementedError\(\)$", text, flags=re.M)
+    assert len(raises) >= 15 and all(len(indent) >= 4 for indent in raises)
+    compile(text, "blank", "exec")
 
 
 def test_every_wrong_file_has_an_expected_message():
@@ -67,9 +72,8 @@ def test_checker_rejects_wrong_file(stem):
     assert EXPECTED[stem] in str(err.value)
 
 
-def test_blank_is_reported_as_not_implemented(tmp_path):
-    path = tmp_path / "06_myddp.py"
-    path.write_text(blank(SOLUTION.read_text()))
+def test_blank_is_reported_as_not_implemented(blank_file):
+    path = blank_file
     for name, check in CHECKERS.items():
         with pytest.raises(AssertionError, match="not implemented yet: ") as err:
             check(path)
@@ -82,39 +86,18 @@ def test_one_stage_crashing_costs_only_its_own_points():
         CHECKERS[name](WRONG / "06_buckets_large_param_crash.py")
 
 
-SCRIPT = """
-import sys, torch, torch.nn.functional as F
-sys.path.insert(0, {folder!r})
-import importlib.util
-spec = importlib.util.spec_from_file_location("myddp", {path!r})
-ddp = importlib.util.module_from_spec(spec); spec.loader.exec_module(ddp)
-rank, size, device = ddp.init(backend="gloo", timeout_s=30)
-torch.manual_seed(rank)                       # different on purpose: broadcast fixes it
-model = torch.nn.Linear(4, 2)
-ddp.broadcast_parameters(model)
-data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
-loader, per_rank = ddp.partition_dataset(data, batch_size=8)
-opt = ddp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "flat")
-for x, y in loader:
-    opt.zero_grad()
-    F.cross_entropy(model(x), y).backward()
-    opt.step()
-total = model.weight.detach().sum().reshape(1)
-sums = [torch.zeros(1) for _ in range(size)]
-torch.distributed.all_gather(sums, total)
-print(f"rank {{rank}} of {{size}} on {{device}}: {{len(loader)}} steps of {{per_rank}}, "
-      f"replicas equal: {{max(s.item() for s in sums) == min(s.item() for s in sums)}}")
-import gc; gc.collect()       # free what holds the group now, not at exit (gloo abort)
-torch.distributed.barrier()
-torch.distributed.destroy_process_group()
-"""
-
-
-@pytest.mark.parametrize("launcher", ["torchrun", "mpiexec"])
-def test_solution_runs_under_torchrun_and_mpiexec(launcher, tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT.format(folder=str(ROOT), path=str(SOLUTION)))
-    run = launch.torchrun if launcher == "torchrun" else launch.mpiexec
-    out = run(script, 2, timeout=120, echo=False).output
-    for rank in (0, 1):
-        assert f"rank {rank} of 2 on cpu: 4 steps of 4, replicas equal: True" in out, out
+# ------------------------------------------------------------------ whole notebook
+@pytest.mark.notebook
+def test_autograde_solution_and_blank(tmp_path):
+    course, scores, seconds = autograde(tmp_path, STEM, {
+        "solution": SOLUTION.read_text(), "blank": graded_only(RELEASE.read_text())}, 900)
+    assert scores == {"solution": float(POINTS), "blank": 0.0}, scores
+    assert_every_check_says(course, "solution", STEM, "all checks passed", len(CHECKERS))
+    assert_ran_without_errors(course, "solution", STEM)
+    assert_every_check_says(course, "blank", STEM, "not implemented yet: ", len(CHECKERS))
+    graded = graded_text(course, "solution", STEM)
+    # the training script ran under both launchers and matched 1 rank; the benchmark ran
+    diffs = re.findall(r"(mpiexec, 2 ranks, flat|torchrun, 2 ranks, buckets) +final loss "
+                       r"[\d.]+ +max \|param - 1 rank\| ([\d.e+-]+)", graded)
+    assert len(diffs) == 2 and all(float(d) < 1e-4 for _, d in diffs), diffs
+    assert "torch default" in graded and "bucket" in graded

@@ -4,12 +4,14 @@ import statistics
 from pathlib import Path
 
 from exercise_utils import ddp_bench
+from exercise_utils.notebook_files import extract_writefiles
 
-SOLUTION = Path(__file__).parent / "fixtures" / "06_myddp_solution.py"
+SOLUTION = Path(__file__).resolve().parents[1] / "solutions" / "06_build_your_own_ddp.ipynb"
 
 
 def test_script_times_every_variant_and_keeps_replicas_identical(tmp_path):
-    rows = ddp_bench.run(SOLUTION, out=tmp_path / "bench.json", echo=False)
+    work = extract_writefiles(SOLUTION, tmp_path)["06_myddp"]
+    rows = ddp_bench.run(work, out=tmp_path / "bench.json", echo=False)
     caps = [f"{c:g}" for c in ddp_bench.CAPS]
     expected = (["local", "naive", "flat", "overlap"] + [f"bucket {c}" for c in caps]
                 + [f"torch {c}" for c in caps] + ["torch default"])
