@@ -90,6 +90,27 @@ def autograde(tmp_path, stem, submissions, timeout=1500):
     return course, scores, seconds
 
 
+def autograde_solution_and_blank(tmp_path, stem, points, checks, timeout=1500):
+    """Autograde the solution and the blank release (without its demo cells) of one notebook.
+
+    Asserts full marks for the solution and 0 for the blank, "all checks passed" from each of
+    the ``checks`` check cells of the solution and "not implemented yet" from the blank's, and
+    no error in any of the solution's cells.
+
+    Returns:
+        (the solution's autograded notebook as text, seconds the run took).
+    """
+    solution = (ROOT / "solutions" / f"{stem}.ipynb").read_text()
+    release = (ROOT / "notebooks" / f"{stem}.ipynb").read_text()
+    course, scores, seconds = autograde(tmp_path, stem, {"solution": solution,
+                                                         "blank": graded_only(release)}, timeout)
+    assert scores == {"solution": float(points), "blank": 0.0}, scores
+    assert_every_check_says(course, "solution", stem, "all checks passed", checks)
+    assert_ran_without_errors(course, "solution", stem)
+    assert_every_check_says(course, "blank", stem, "not implemented yet: ", checks)
+    return graded_text(course, "solution", stem), seconds
+
+
 def graded_text(course, student, stem):
     """The autograded notebook of ``student`` as text."""
     return (course / "autograded" / student / stem / f"{stem}.ipynb").read_text()

@@ -12,13 +12,11 @@ from exercise_utils import (bench_ring, checks_dist, checks_ring, checks_syncbn,
 from exercise_utils import dist_experiments as de
 from exercise_utils.harness import run_ranks
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
-from grading import (assert_every_check_says, assert_ran_without_errors, autograde,
-                     graded_only, graded_text)
+from grading import autograde_solution_and_blank
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "03_torch_distributed_collectives"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
-RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
 WRONG = ROOT / "tests" / "wrong"
 CHECKERS = {"ring_allreduce": checks_ring.check_ring_allreduce,
             "partition": checks_dist.check_partition,
@@ -281,11 +279,6 @@ def test_key_lines_keeps_rank_prints_and_errors_without_noise():
 # ------------------------------------------------------------------ whole notebook
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
-    course, scores, seconds = autograde(tmp_path, STEM, {"solution": SOLUTION.read_text(),
-                                                         "blank": graded_only(RELEASE.read_text())}, 1200)
-    assert scores == {"solution": float(POINTS), "blank": 0.0}, scores
-    assert_every_check_says(course, "solution", STEM, "all checks passed", len(CHECKERS))
-    assert_ran_without_errors(course, "solution", STEM)
-    assert_every_check_says(course, "blank", STEM, "not implemented yet: ", len(CHECKERS))
-    assert "processes left: []" in graded_text(course, "solution", STEM)     # the hang demo killed everything
+    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 1200)
+    assert "processes left: []" in graded     # the hang demo killed everything
     assert seconds < 600, f"autograding two submissions took {seconds:.0f} s"
