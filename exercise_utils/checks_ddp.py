@@ -42,7 +42,7 @@ def _record_path(folder):
     return Path(folder) / f"rank{rank}_attempt{attempt}.json"
 
 
-def _install_recorders(student, log):
+def _install_recorders(student, log, flush=lambda: None):
     """Record set_epoch / iteration epochs of DistributedSampler, torch.save and torch.load."""
     import torch
     from torch.utils.data import DistributedSampler
@@ -60,6 +60,7 @@ def _install_recorders(student, log):
     def recorded_save(obj, f, *args, **kwargs):
         if isinstance(f, (str, os.PathLike)):            # not in-memory saves of pickled tensors
             log["saves"].append(str(f))
+            flush()        # on disk now: a rank killed later (racing writers) still reports it
         return save(obj, f, *args, **kwargs)
 
     def recorded_load(f, *args, **kwargs):
@@ -84,7 +85,8 @@ def worker_main(argv=None):
     student_path, record_dir = argv[1], argv[3]          # --student PATH --records DIR ...
     student = load_student(student_path)
     log = {"set_epoch": [], "iterated": [], "saves": [], "loads": []}
-    _install_recorders(student, log)
+    _install_recorders(student, log,
+                       lambda: _record_path(record_dir).write_text(json.dumps(log)))
     try:
         ddp_run.main(student.ddp_setup, student.Trainer, argv[4:])
     finally:

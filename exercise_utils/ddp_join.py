@@ -139,8 +139,8 @@ def _waiting(rank, where):     # on a failed collective: say where this rank wai
     except RuntimeError as err:
         text = re.sub(r"\[/?\S+:\d+\] ", "", (str(err) or repr(err)).splitlines()[0])
         print(f"[rank {rank}] {where}: {text}", flush=True)
-        time.sleep(1.0)
-        raise
+        time.sleep(GLOO_TIMEOUT)   # let the peer time out and report too before torchrun
+        raise                      # stops the job on this rank's exit
 
 
 def demo(mode, timeout=TIMEOUT, echo=True, gloo_timeout=GLOO_TIMEOUT, out_dir="results/05",
