@@ -1,0 +1,50 @@
+"""exercise_utils.powersgd_experiment (notebook 08): one tiny launch of every method with the
+solution's PowerSGD; the bytes are counted from the all_reduce calls and must match the
+PowerSGD formula, torch's powerSGD_hook sends exactly as much as the solution; table, paper
+table and plot. No timing asserts."""
+from pathlib import Path
+
+import numpy as np
+
+from exercise_utils import powersgd_experiment as pe
+from exercise_utils.models import DropoutNet
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTION = ROOT / "tests" / "fixtures" / "08_powersgd_solution.py"
+
+
+def expected_bytes(steps, start_iter, r):
+    """4 bytes per element: uncompressed steps send every gradient; compressed ones send
+    (n + m) * r' per matrix that shrinks and every other element."""
+    per_step = 0
+    for p in DropoutNet().parameters():
+        n, m = p.shape[0], int(np.prod(p.shape[1:]))
+        rr = min(n, m, r)
+        per_step += (n + m) * rr if p.dim() >= 2 and (n + m) * rr < n * m else p.numel()
+    full = sum(p.numel() for p in DropoutNet().parameters())
+    return 4 * (start_iter * full + (steps - start_iter) * per_step)
+
+
+def test_experiment_counts_bytes_and_matches_torch(tmp_path):
+    out = tmp_path / "08.json"
+    rows = pe.run(SOLUTION, ranks=(1, 4), out=out, echo=False, timeout=120,
+                  extra=("--epochs", "1", "--train-size", "384", "--test-size", "128",
+                         "--start-iter", "2", "--data", "synthetic"))
+    by = {(r["method"], r["rank"]): r for r in rows}
+    assert set(by) == {("uncompressed", None), ("yours", 1), ("yours", 4), ("torch", 1),
+                       ("torch", 4)}
+    steps = by[("uncompressed", None)]["steps"]
+    assert steps == 6                                   # 384 / 2 workers / 32
+    assert by[("uncompressed", None)]["bytes_per_worker"] == expected_bytes(steps, steps, 1)
+    for r in (1, 4):
+        want = expected_bytes(steps, 2, r)
+        assert by[("yours", r)]["bytes_per_worker"] == want, r
+        assert by[("torch", r)]["bytes_per_worker"] == want, r
+        assert by[("yours", r)]["compression"] > 1.5
+    assert by[("yours", 1)]["bytes_per_worker"] < by[("yours", 4)]["bytes_per_worker"]
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in rows)
+    text = pe.table(rows)
+    assert "yours r=1" in text and "torch r=4" in text and "uncompressed" in text
+    assert "243" in pe.paper_table()
+    pe.plot(rows, tmp_path / "08.png")
+    assert (tmp_path / "08.png").stat().st_size > 1000
