@@ -1,7 +1,6 @@
-"""Notebook 07 (bonus: ZeRO-1 optimizer-state sharding), work in progress: the three checkers
-against the solution, the known-wrong files and the blank file. The solution lives in
-tests/fixtures/07_zero_solution.py until the notebook (solutions/07_bonus_zero_sharding.ipynb)
-holds it in its %%writefile work/07_zero.py cell.
+"""Notebook 07 (bonus: ZeRO-1 optimizer-state sharding): the three checkers against the
+known-wrong files and the blank release, a crash in one stage costing only its points, and the
+whole notebook autograded as the solution and as the blank release.
 
 ``check_sharded`` and ``check_checkpoint`` share their launches (one per world size, 2 and 3
 ranks) per file content; ``check_memory`` launches nothing."""
@@ -11,9 +10,15 @@ from pathlib import Path
 import pytest
 
 from exercise_utils import checks_zero
+from exercise_utils.notebook_files import extract_writefiles
+from grading import (assert_every_check_says, assert_ran_without_errors, autograde,
+                     graded_only, graded_text)
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTION = ROOT / "tests" / "fixtures" / "07_zero_solution.py"
+STEM = "07_bonus_zero_sharding"
+SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
+RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
+POINTS = 8
 WRONG = ROOT / "tests" / "wrong"
 CHECKERS = {"memory": checks_zero.check_memory, "sharded": checks_zero.check_sharded,
             "checkpoint": checks_zero.check_checkpoint}
@@ -33,23 +38,22 @@ def exercise_of(stem):
     return next(name for name in CHECKERS if stem[3:].startswith(name))
 
 
-def blank(text):
-    """The release's version of a student file: every solution region raises."""
-    return re.sub(r"^( *)### BEGIN SOLUTION\n.*?^ *### END SOLUTION\n",
-                  r"\1raise NotImplementedError()\n", text, flags=re.S | re.M)
+@pytest.fixture(scope="module")
+def solution_file(tmp_path_factory):
+    return extract_writefiles(SOLUTION, tmp_path_factory.mktemp("solution07"))["07_zero"]
 
 
-def test_solution_regions_sit_inside_function_bodies():
-    text = SOLUTION.read_text()
-    begins = re.findall(r"^( *)### BEGIN SOLUTION$", text, flags=re.M)
-    assert len(begins) == text.count("### END SOLUTION") >= 8
-    assert all(len(indent) >= 4 for indent in begins)
-    compile(blank(text), "blank", "exec")
+@pytest.fixture(scope="module")
+def blank_file(tmp_path_factory):
+    """The release's student file: every solution region replaced by a raise."""
+    return extract_writefiles(RELEASE, tmp_path_factory.mktemp("blank07"))["07_zero"]
 
 
-@pytest.mark.parametrize("name", list(CHECKERS))
-def test_solution_passes(name):
-    CHECKERS[name](SOLUTION)
+def test_release_regions_sit_inside_function_bodies(blank_file):
+    text = Path(blank_file).read_text()
+    raises = re.findall(r"^( *)raise NotImplementedError\(\)$", text, flags=re.M)
+    assert len(raises) >= 8 and all(len(indent) >= 4 for indent in raises)
+    compile(text, "blank", "exec")
 
 
 def test_every_wrong_file_has_an_expected_message():
@@ -64,19 +68,18 @@ def test_checker_rejects_wrong_file(stem):
     assert EXPECTED[stem] in str(err.value)
 
 
-def test_blank_is_reported_as_not_implemented(tmp_path):
-    path = tmp_path / "07_zero.py"
-    path.write_text(blank(SOLUTION.read_text()))
+def test_blank_is_reported_as_not_implemented(blank_file):
+    path = blank_file
     for name, check in CHECKERS.items():
         with pytest.raises(AssertionError, match="not implemented yet: ") as err:
             check(path)
         assert str(path) in str(err.value), name
 
 
-def test_a_crashing_checkpoint_costs_only_its_own_points(tmp_path):
+def test_a_crashing_checkpoint_costs_only_its_own_points(tmp_path, solution_file):
     """load_state_dict raising (not NotImplementedError) fails the combined launch; the
     training stage is then run on its own and passes."""
-    text = SOLUTION.read_text().replace(
+    text = Path(solution_file).read_text().replace(
         '        groups, state, local = [], {}, 0\n',
         '        raise KeyError("params")\n', 1)
     path = tmp_path / "07_zero.py"
@@ -84,3 +87,16 @@ def test_a_crashing_checkpoint_costs_only_its_own_points(tmp_path):
     with pytest.raises(AssertionError, match="rank . raised KeyError"):
         checks_zero.check_checkpoint(path)
     checks_zero.check_sharded(path)
+
+
+# ------------------------------------------------------------------ whole notebook
+@pytest.mark.notebook
+def test_autograde_solution_and_blank(tmp_path):
+    course, scores, seconds = autograde(tmp_path, STEM, {
+        "solution": SOLUTION.read_text(), "blank": graded_only(RELEASE.read_text())}, 900)
+    assert scores == {"solution": float(POINTS), "blank": 0.0}, scores
+    assert_every_check_says(course, "solution", STEM, "all checks passed", len(CHECKERS))
+    assert_ran_without_errors(course, "solution", STEM)
+    assert_every_check_says(course, "blank", STEM, "not implemented yet: ", len(CHECKERS))
+    graded = graded_text(course, "solution", STEM)
+    assert "7.5B (ZeRO paper)" in graded and "torch zero" in graded

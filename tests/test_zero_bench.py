@@ -7,15 +7,17 @@ from pathlib import Path
 import pytest
 
 from exercise_utils import zero_bench
+from exercise_utils.notebook_files import extract_writefiles
 
-SOLUTION = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "07_zero_solution.py"
+SOLUTION = Path(__file__).resolve().parents[1] / "solutions" / "07_bonus_zero_sharding.ipynb"
 
 
 WORLDS = (1, 3)          # two of the notebook's three launches (1, 2, 3 ranks): under 30 s
 
 
 def test_script_measures_state_per_rank_for_every_variant(tmp_path):
-    rows = zero_bench.run(SOLUTION, out=tmp_path / "bench.json", world_sizes=WORLDS, echo=False)
+    work = extract_writefiles(SOLUTION, tmp_path)["07_zero"]
+    rows = zero_bench.run(work, out=tmp_path / "bench.json", world_sizes=WORLDS, echo=False)
     assert (tmp_path / "bench.json").is_file()
     keys = [(r["variant"], r["world_size"], r["rank"]) for r in rows]
     assert sorted(keys) == sorted((v, w, r) for w in WORLDS for v in zero_bench.VARIANTS
