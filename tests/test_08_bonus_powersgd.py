@@ -1,7 +1,6 @@
-"""Notebook 08 (PowerSGD), work in progress: the three checkers against the solution, the
-known-wrong files and the blank release, and a crash in PowerSGD costing only its own points.
-The solution lives in tests/fixtures/08_powersgd_solution.py until the notebook
-(solutions/08_bonus_powersgd.ipynb) holds it in its %%writefile work/08_powersgd.py cell.
+"""Notebook 08 (PowerSGD): the three checkers against the known-wrong files and the blank
+release, a crash in PowerSGD costing only its own points, and the whole notebook autograded
+as the solution and as the blank release.
 
 The checkers keep their launches' results per file content, so the three checks of one file
 cost one launch per world size (2 and 3 gloo ranks); a wrong file usually fails at 2."""
@@ -11,9 +10,15 @@ from pathlib import Path
 import pytest
 
 from exercise_utils import checks_powersgd
+from exercise_utils.notebook_files import extract_writefiles
+from grading import (assert_every_check_says, assert_ran_without_errors, autograde,
+                     graded_only, graded_text)
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTION = ROOT / "tests" / "fixtures" / "08_powersgd_solution.py"
+STEM = "08_bonus_powersgd"
+SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
+RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
+POINTS = 6
 WRONG = ROOT / "tests" / "wrong"
 CHECKERS = {"orthogonalize": checks_powersgd.check_orthogonalize,
             "compression_rank": checks_powersgd.check_compression_rank,
@@ -36,23 +41,22 @@ def exercise_of(stem):
     return next(name for name in CHECKERS if stem[3:].startswith(name))
 
 
-def blank(text):
-    """The release's version of a student file: every solution region raises."""
-    return re.sub(r"^( *)### BEGIN SOLUTION\n.*?^ *### END SOLUTION\n",
-                  r"\1raise NotImplementedError()\n", text, flags=re.S | re.M)
+@pytest.fixture(scope="module")
+def solution_file(tmp_path_factory):
+    return extract_writefiles(SOLUTION, tmp_path_factory.mktemp("solution08"))["08_powersgd"]
 
 
-def test_solution_regions_sit_inside_function_bodies():
-    text = SOLUTION.read_text()
-    begins = re.findall(r"^( *)### BEGIN SOLUTION$", text, flags=re.M)
-    assert len(begins) == text.count("### END SOLUTION") == 3
-    assert all(len(indent) >= 4 for indent in begins)
-    compile(blank(text), "blank", "exec")
+@pytest.fixture(scope="module")
+def blank_file(tmp_path_factory):
+    """The release's student file: every solution region replaced by a raise."""
+    return extract_writefiles(RELEASE, tmp_path_factory.mktemp("blank08"))["08_powersgd"]
 
 
-@pytest.mark.parametrize("name", list(CHECKERS))
-def test_solution_passes(name):
-    CHECKERS[name](SOLUTION)
+def test_release_regions_sit_inside_function_bodies(blank_file):
+    text = Path(blank_file).read_text()
+    raises = re.findall(r"^( *)raise NotImplementedError\(\)$", text, flags=re.M)
+    assert len(raises) == 3 and all(len(indent) >= 4 for indent in raises)
+    compile(text, "blank", "exec")
 
 
 def test_every_wrong_file_has_an_expected_message():
@@ -67,20 +71,19 @@ def test_checker_rejects_wrong_file(stem):
     assert EXPECTED[stem] in str(err.value)
 
 
-def test_blank_is_reported_as_not_implemented(tmp_path):
-    path = tmp_path / "08_powersgd.py"
-    path.write_text(blank(SOLUTION.read_text()))
+def test_blank_is_reported_as_not_implemented(blank_file):
+    path = blank_file
     for name, check in CHECKERS.items():
         with pytest.raises(AssertionError, match="not implemented yet: ") as err:
             check(path)
         assert str(path) in str(err.value), name
 
 
-def test_a_crash_in_powersgd_costs_only_its_own_points(tmp_path):
+def test_a_crash_in_powersgd_costs_only_its_own_points(tmp_path, solution_file):
     """reduce() raises on rank 1 only: the launch fails (rank 0 waits in its all_reduce); the
     local stages run again alone and pass; check_powersgd names the rank and the error."""
     path = tmp_path / "08_powersgd.py"
-    path.write_text(SOLUTION.read_text().replace(
+    path.write_text(Path(solution_file).read_text().replace(
         "        world = dist.get_world_size()\n",
         "        world = dist.get_world_size()\n"
         "        if dist.get_rank() == 1:\n"
@@ -89,3 +92,16 @@ def test_a_crash_in_powersgd_costs_only_its_own_points(tmp_path):
         checks_powersgd.check_powersgd(path)
     checks_powersgd.check_orthogonalize(path)
     checks_powersgd.check_compression_rank(path)
+
+
+# ------------------------------------------------------------------ whole notebook
+@pytest.mark.notebook
+def test_autograde_solution_and_blank(tmp_path):
+    course, scores, seconds = autograde(tmp_path, STEM, {
+        "solution": SOLUTION.read_text(), "blank": graded_only(RELEASE.read_text())}, 900)
+    assert scores == {"solution": float(POINTS), "blank": 0.0}, scores
+    assert_every_check_says(course, "solution", STEM, "all checks passed", len(CHECKERS))
+    assert_ran_without_errors(course, "solution", STEM)
+    assert_every_check_says(course, "blank", STEM, "not implemented yet: ", len(CHECKERS))
+    graded = graded_text(course, "solution", STEM)
+    assert "uncompressed" in graded and "torch r=1" in graded

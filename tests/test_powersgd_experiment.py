@@ -7,10 +7,11 @@ from pathlib import Path
 import numpy as np
 
 from exercise_utils import powersgd_experiment as pe
+from exercise_utils.notebook_files import extract_writefiles
 from exercise_utils.models import DropoutNet
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTION = ROOT / "tests" / "fixtures" / "08_powersgd_solution.py"
+SOLUTION = ROOT / "solutions" / "08_bonus_powersgd.ipynb"
 
 
 def expected_bytes(steps, start_iter, r):
@@ -27,7 +28,8 @@ def expected_bytes(steps, start_iter, r):
 
 def test_experiment_counts_bytes_and_matches_torch(tmp_path):
     out = tmp_path / "08.json"
-    rows = pe.run(SOLUTION, ranks=(1, 4), out=out, echo=False, timeout=120,
+    work = extract_writefiles(SOLUTION, tmp_path)["08_powersgd"]
+    rows = pe.run(work, ranks=(1, 4), out=out, echo=False, timeout=120,
                   extra=("--epochs", "1", "--train-size", "384", "--test-size", "128",
                          "--start-iter", "2", "--data", "synthetic"))
     by = {(r["method"], r["rank"]): r for r in rows}
