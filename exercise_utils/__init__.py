@@ -12,7 +12,9 @@ Modules (flat, one topic each): ``config`` (quick mode), ``data`` (datasets),
 05 ``ddp_run`` (settings, fault injection, main), ``checks_ddp``, ``multinode``,
 ``ddp_hello``, ``lr_scaling``, ``ddp_join``;
 06 ``checks_myddp`` and ``myddp_probe`` (the checkers and what runs in the ranks),
-``ddp_bench``.
+``ddp_bench``;
+07 ``checks_zero`` and ``zero_probe``, ``zero_bench``;
+08 ``checks_powersgd`` and ``powersgd_probe``, ``powersgd_experiment``, ``powersgd_paper``.
 """
 from .config import QUICK, quick
 

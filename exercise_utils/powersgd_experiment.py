@@ -21,8 +21,8 @@ Bytes are COUNTED: ``torch.distributed.all_reduce`` is wrapped, so every gradien
 (DDP's hooks and the student's code alike) adds ``numel * element_size`` to the worker's
 total ("bytes per worker": what one worker hands to all-reduce; a ring all-reduce moves
 about twice that over the wire). Rank 0 evaluates on the test subset and writes the rows to
-``--out``. :func:`run` launches it, :func:`table` and :func:`plot` present the rows, and
-:data:`PAPER` quotes the paper's CIFAR-10 ResNet-18 results. Used in 08_bonus_powersgd.
+``--out``. :func:`run` launches it, :func:`table` and :func:`plot` present the rows
+(the paper's figures are in :mod:`~exercise_utils.powersgd_paper`). Used in 08_bonus_powersgd.
 """
 import argparse
 import json
@@ -46,18 +46,6 @@ THREADS = 1                     # torch threads per worker
 SEED = 0                        # initial weights, data order, dropout
 PG_TIMEOUT_S = 60               # gloo timeout: a missing collective fails instead of hanging
 TIMEOUT = quick(300, 120)       # seconds before the launch is declared hung and killed
-
-# Vogels, Karimireddy, Jaggi, "PowerSGD" (NeurIPS 2019, arXiv:1905.13727), Table 3: ResNet-18
-# on CIFAR-10, 16 workers, the same number of epochs as SGD; data sent per worker and epoch.
-# Entered by hand from the paper's table: check the figures against it before quoting them.
-PAPER = [
-    {"method": "SGD (uncompressed)", "rank": None, "accuracy": 0.943, "mb_per_epoch": 1023,
-     "compression": 1},
-    {"method": "PowerSGD", "rank": 1, "accuracy": 0.936, "mb_per_epoch": 4, "compression": 243},
-    {"method": "PowerSGD", "rank": 2, "accuracy": 0.944, "mb_per_epoch": 8, "compression": 136},
-    {"method": "PowerSGD", "rank": 4, "accuracy": 0.945, "mb_per_epoch": 14, "compression": 72},
-]
-
 
 def parse_args(argv=None):
     """Command-line settings of the launched script (defaults: the module constants)."""
@@ -249,16 +237,6 @@ def table(rows):
     from .bench import format_table
     return format_table([{**r, "run": _label(r), "mb": r["bytes_per_worker"] / 1e6}
                          for r in rows], COLUMNS, FORMATS)
-
-
-def paper_table():
-    """The paper's CIFAR-10 ResNet-18 figures (:data:`PAPER`) as a text table."""
-    from .bench import format_table
-    return format_table([{**r, "rank": r["rank"] or "-", "accuracy": 100 * r["accuracy"]}
-                         for r in PAPER],
-                        [("method", "method"), ("rank", "rank"), ("accuracy", "test accuracy %"),
-                         ("mb_per_epoch", "MB per epoch"), ("compression", "x less")],
-                        {"accuracy": ".1f"})
 
 
 def plot(rows, path="results/08_powersgd.png"):

@@ -1,12 +1,14 @@
 """exercise_utils.powersgd_experiment (notebook 08): one tiny launch of every method with the
 solution's PowerSGD; the bytes are counted from the all_reduce calls and must match the
-PowerSGD formula, torch's powerSGD_hook sends exactly as much as the solution; table, paper
-table and plot. No timing asserts."""
+PowerSGD formula, torch's powerSGD_hook sends exactly as much as the solution; table and plot.
+exercise_utils.powersgd_paper: the paper's data column recomputed from ResNet-18's shapes.
+No timing asserts."""
 from pathlib import Path
 
 import numpy as np
 
 from exercise_utils import powersgd_experiment as pe
+from exercise_utils import powersgd_paper
 from exercise_utils.notebook_files import extract_writefiles
 from exercise_utils.models import DropoutNet
 
@@ -47,6 +49,22 @@ def test_experiment_counts_bytes_and_matches_torch(tmp_path):
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in rows)
     text = pe.table(rows)
     assert "yours r=1" in text and "torch r=4" in text and "uncompressed" in text
-    assert "243" in pe.paper_table()
     pe.plot(rows, tmp_path / "08.png")
     assert (tmp_path / "08.png").stat().st_size > 1000
+
+
+def test_paper_data_column_is_recomputed_from_resnet18():
+    """The quoted MiB per epoch and compression factors follow from the architecture: a
+    wrong shape, rank rule or step count moves them off the paper's rounded figures."""
+    shapes = powersgd_paper.resnet18_cifar_shapes()
+    assert powersgd_paper.numbers_sent(shapes) == 11_173_962     # the CIFAR ResNet-18
+    assert powersgd_paper.steps_per_epoch() == 24                # 3,125 images / 128
+    for row in powersgd_paper.rows():
+        assert abs(row["recomputed_mib"] - row["mb_per_epoch"]) <= 0.55, row
+        assert round(row["recomputed_x"]) == row["compression"], row
+    # the rank rule matters: sending 1-D tensors compressed too, or full rank, changes it
+    assert powersgd_paper.numbers_sent([(64,)], rank=1) == 64
+    assert powersgd_paper.numbers_sent([(10, 512)], rank=4) == (10 + 512) * 4
+    assert powersgd_paper.numbers_sent([(3, 2)], rank=4) == (3 + 2) * 2
+    text = powersgd_paper.table()
+    assert "243" in text and "1023.0" in text and "recomputed" in text
