@@ -1,15 +1,17 @@
 """Notebook 07 (bonus: ZeRO-1 optimizer-state sharding): the three checkers against the
 known-wrong files and the blank release, a crash in one stage costing only its points, and the
-whole notebook autograded as the solution and as the blank release.
+whole notebook autograded as the solution and as the blank release, with the rows of the
+benchmark it ran (``zero_bench``, quick sizes) checked.
 
 ``check_sharded`` and ``check_checkpoint`` share their launches (one per world size, 2 and 3
 ranks) per file content; ``check_memory`` launches nothing."""
+import json
 import re
 from pathlib import Path
 
 import pytest
 
-from exercise_utils import checks_zero
+from exercise_utils import checks_zero, zero_bench
 from exercise_utils.notebook_files import extract_writefiles
 from grading import autograde_solution_and_blank
 
@@ -93,3 +95,36 @@ def test_a_crashing_checkpoint_costs_only_its_own_points(tmp_path, solution_file
 def test_autograde_solution_and_blank(tmp_path):
     graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 900)
     assert "7.5B (ZeRO paper)" in graded and "torch zero" in graded
+    # the benchmark the notebook ran (quick sizes): its rows, table and plot
+    results = tmp_path / "course" / "autograded" / "solution" / STEM / "results"
+    assert_benchmark_rows(json.loads((results / "07_zero_bench.json").read_text()), tmp_path)
+
+
+def assert_benchmark_rows(rows, tmp_path):
+    """One row per variant, world size and rank; the optimizer state measured per rank is the
+    whole with 1 rank and about 1/N of it with N ranks for both sharded optimizers; every
+    variant trains alike. No timing or RSS assertions (a test is no benchmark)."""
+    worlds = tuple(zero_bench.WORLD_SIZES)
+    keys = [(r["variant"], r["world_size"], r["rank"]) for r in rows]
+    assert sorted(keys) == sorted((v, w, r) for w in worlds for v in zero_bench.VARIANTS
+                                  for r in range(w))
+    full = next(r["state_mb"] for r in rows if r["variant"] == "adam" and r["world_size"] == 1)
+    assert full == pytest.approx(2 * rows[0]["param_mb"], rel=0.01), "AdamW: two moments"
+    for r in rows:
+        assert r["param_diff"] < 1e-6, f"{r['variant']} with {r['world_size']} ranks trained " \
+                                       "differently from AdamW"
+        assert r["rss_mb"] >= 0
+        if r["variant"] == "adam":
+            assert r["state_mb"] == full, "plain AdamW keeps the whole state on every rank"
+    for world in worlds:
+        for variant in ("sharded", "torch zero"):
+            shares = [r["state_mb"] for r in rows
+                      if r["variant"] == variant and r["world_size"] == world]
+            assert sum(shares) == pytest.approx(full, rel=1e-6), (variant, world, shares)
+            assert max(shares) <= 1.3 * full / world, (variant, world, shares)
+    summary = {(s["variant"], s["world_size"]): s for s in zero_bench.summary(rows)}
+    assert summary[("adam", 1)]["state_vs_adam"] == 1.0
+    text = zero_bench.table(rows)
+    assert "state MB (max rank)" in text and "torch zero" in text
+    zero_bench.plot(rows, tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").stat().st_size > 0

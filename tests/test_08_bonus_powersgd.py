@@ -1,15 +1,20 @@
 """Notebook 08 (PowerSGD): the three checkers against the known-wrong files and the blank
 release, a crash in PowerSGD costing only its own points, and the whole notebook autograded
-as the solution and as the blank release.
+as the solution and as the blank release, with the rows of the experiment it ran
+(``powersgd_experiment``, quick sizes) checked.
 
 The checkers keep their launches' results per file content, so the three checks of one file
 cost one launch per world size (2 and 3 gloo ranks); a wrong file usually fails at 2."""
+import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from exercise_utils import checks_powersgd
+from exercise_utils import powersgd_experiment as pe
+from exercise_utils.models import DropoutNet
 from exercise_utils.notebook_files import extract_writefiles
 from grading import autograde_solution_and_blank
 
@@ -98,3 +103,42 @@ def test_a_crash_in_powersgd_costs_only_its_own_points(tmp_path, solution_file):
 def test_autograde_solution_and_blank(tmp_path):
     graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 900)
     assert "uncompressed" in graded and "torch r=1" in graded
+    # the experiment the notebook ran (quick sizes): bytes counted, torch's hook alike
+    results = tmp_path / "course" / "autograded" / "solution" / STEM / "results"
+    assert_experiment_rows(json.loads((results / "08_powersgd.json").read_text())["rows"], tmp_path)
+
+
+def expected_bytes(steps, start_iter, r):
+    """4 bytes per element: uncompressed steps send every gradient; compressed ones send
+    (n + m) * r' per matrix that shrinks and every other element."""
+    per_step = 0
+    for p in DropoutNet().parameters():
+        n, m = p.shape[0], int(np.prod(p.shape[1:]))
+        rr = min(n, m, r)
+        per_step += (n + m) * rr if p.dim() >= 2 and (n + m) * rr < n * m else p.numel()
+    full = sum(p.numel() for p in DropoutNet().parameters())
+    return 4 * (start_iter * full + (steps - start_iter) * per_step)
+
+
+def assert_experiment_rows(rows, tmp_path):
+    """Every method ran; the bytes counted from the all_reduce calls match the PowerSGD
+    formula, and torch's powerSGD_hook sends exactly as much as the solution. No timing."""
+    ranks = tuple(pe.RANKS)
+    by = {(r["method"], r["rank"]): r for r in rows}
+    assert set(by) == {("uncompressed", None)} | {(m, r) for m in ("yours", "torch")
+                                                  for r in ranks}
+    steps = by[("uncompressed", None)]["steps"]
+    per_worker = -(-pe.TRAIN_SIZE // pe.WORKERS)          # DistributedSampler pads
+    assert steps == pe.EPOCHS * -(-per_worker // pe.BATCH), steps
+    assert by[("uncompressed", None)]["bytes_per_worker"] == expected_bytes(steps, steps, 1)
+    for r in ranks:
+        want = expected_bytes(steps, pe.START_ITER, r)
+        assert by[("yours", r)]["bytes_per_worker"] == want, r
+        assert by[("torch", r)]["bytes_per_worker"] == want, r
+        assert by[("yours", r)]["compression"] > 1.5
+    assert by[("yours", ranks[0])]["bytes_per_worker"] < by[("yours", ranks[-1])]["bytes_per_worker"]
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in rows)
+    text = pe.table(rows)
+    assert "yours r=1" in text and "torch r=2" in text and "uncompressed" in text
+    pe.plot(rows, tmp_path / "08.png")
+    assert (tmp_path / "08.png").stat().st_size > 1000
