@@ -1,8 +1,9 @@
 """Helpers, launchers and checkers of the course Distributed Training from Scratch.
 
 Modules (flat, one topic each): ``config`` (quick mode), ``data`` (datasets),
-``models`` (networks), ``launch`` (run distributed programs safely), ``harness`` and
-``rankworker`` (checker harness), ``bench`` (timing and plots), and per notebook:
+``models`` (networks), ``launch`` and ``launch_many`` (run distributed programs safely),
+``harness`` and ``rankworker`` (checker harness), ``bench`` (timing and plots), and per
+notebook:
 01 ``checks_mpi``, ``mpi_sgd``, ``mpi_experiments``, ``bench_mpi``;
 02 ``checks_sampler``, ``checks_hogwild``, ``hogwild``, ``hogwild_experiments``;
 03 ``checks_ring``, ``bench_ring``, ``checks_dist``, ``checks_syncbn``, ``dist_train``,

@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -138,7 +139,8 @@ def _waiting(rank, where):     # on a failed collective: say where this rank wai
         yield
     except RuntimeError as err:
         text = re.sub(r"\[/?\S+:\d+\] ", "", (str(err) or repr(err)).splitlines()[0])
-        print(f"[rank {rank}] {where}: {text}", flush=True)
+        sys.stdout.write(f"[rank {rank}] {where}: {text}\n")   # one write: lines stay whole
+        sys.stdout.flush()
         time.sleep(GLOO_TIMEOUT)   # let the peer time out and report too before torchrun
         raise                      # stops the job on this rank's exit
 
@@ -152,6 +154,7 @@ def demo(mode, timeout=TIMEOUT, echo=True, gloo_timeout=GLOO_TIMEOUT, out_dir="r
     Returns: dict: mode, hung, gloo_timeout, launch_seconds, batches and steps per rank; join,
     min: rank 0's JSON (module docstring); hang: seconds, waits (rank -> where it waited), error
     (gloo's), killed_by ("gloo timeout" or "launcher"), left_processes (must be []).
+    The summary is also written to ``out_dir/ddp_join_<mode>.json`` (waits' keys as strings).
     Raises: LaunchError when the run failed otherwise than by the expected gloo timeout.
     """
     out = Path(out_dir) / f"ddp_join_{mode}.json"
@@ -167,7 +170,8 @@ def demo(mode, timeout=TIMEOUT, echo=True, gloo_timeout=GLOO_TIMEOUT, out_dir="r
             raise
         result.update(hung=True, killed_by="launcher", error=str(err).splitlines()[0], waits={})
     except launch.LaunchError as err:
-        found = re.findall(r"^\[rank (\d+)\] (stuck[^:]*|ran all[^:]*): (.*)$", err.output, re.M)
+        found = re.findall(r"\[rank (\d+)\] (stuck[^:\n]*|ran all[^:\n]*): "
+                           r"((?:(?!\[rank \d+\] )[^\n])*)", err.output)   # cf. wait_reports, 03
         if mode != "hang" or not any("imed out" in text for _, _, text in found):
             raise                               # not the expected deadlock: do not hide it
         waits = {int(r): where for r, where, _ in found}
@@ -180,6 +184,8 @@ def demo(mode, timeout=TIMEOUT, echo=True, gloo_timeout=GLOO_TIMEOUT, out_dir="r
     if mode == "hang":
         result.update(seconds=result["launch_seconds"], left_processes=[p.pid for p in
                       launch.tagged_processes(lambda tag: tag.startswith(f"{os.getpid()}:"))])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))     # the summary replaces rank 0's file
     return result
 
 

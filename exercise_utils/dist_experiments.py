@@ -166,6 +166,13 @@ def plot(results, path=f"{OUT_DIR}/experiments.png"):
     return fig
 
 
+def wait_reports(output):
+    """The ``[rank R] <where it waited>: <error>`` lines of a launch's output, as (rank, where,
+    error) tuples. Not anchored at line starts: another process's partial line (a traceback
+    written piece by piece) may precede a report in the shared pipe."""
+    return re.findall(r"\[rank (\d+)\] ([^:\n]*): ((?:(?!\[rank \d+\] )[^\n])*)", output)
+
+
 def hang_demo(timeout=HANG_TIMEOUT, work="work", gloo_timeout=HANG_GLOO_TIMEOUT, echo=True,
               out_dir=OUT_DIR):
     """Run the seed's naive 70/30 training (each rank runs its own number of batches) with a
@@ -193,7 +200,7 @@ def hang_demo(timeout=HANG_TIMEOUT, work="work", gloo_timeout=HANG_GLOO_TIMEOUT,
     except launch.LaunchTimeout as err:
         result.update(hung=True, killed_by="launcher", error=str(err).splitlines()[0])
     except launch.LaunchError as err:
-        found = re.findall(r"^\[rank (\d+)\] ([^:]*): (.*)$", err.output, flags=re.M)
+        found = wait_reports(err.output)
         timeouts = [text for _, _, text in found if "Timed out" in text or "timeout" in text]
         if not timeouts:
             raise                     # not the expected deadlock: do not hide it

@@ -314,7 +314,10 @@ def _report_wait(err, where):
     """Print where this rank waited when a collective failed (gloo timeout or a peer gone),
     then give the peer a second to report its own wait before torchrun stops everything."""
     if any(text in str(err) for text in GLOO_FAILURES):
-        print(f"{where}: {err}", flush=True)
+        # one write of the whole line: print() writes the text and the newline separately,
+        # and the other rank's line, in the same pipe, can land between them
+        sys.stdout.write(f"{where}: {err}\n")
+        sys.stdout.flush()
         time.sleep(1.0)
 
 

@@ -19,7 +19,7 @@ import shlex
 import sys
 import uuid
 
-from . import launch
+from . import launch, launch_many
 from .config import quick
 
 TIMEOUT = quick(120, 60)   # seconds for a whole two-agent job (both agents together)
@@ -85,7 +85,7 @@ def two_agents(script, nproc_per_node=1, args=(), module=False, timeout=TIMEOUT,
     if echo:
         for label, cmd in zip(LABELS, cmds):
             print(f"[{label}] $ {display(cmd)}", flush=True)
-    return launch.run_many(cmds, timeout=timeout, labels=LABELS, echo=echo,
+    return launch_many.run_many(cmds, timeout=timeout, labels=LABELS, echo=echo,
                            nprocs=nproc_per_node,
                            what=f"the two-agent job ({rdzv_id}, rendezvous {endpoint})")
 

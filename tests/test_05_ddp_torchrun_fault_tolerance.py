@@ -2,12 +2,13 @@
 against the known-wrong files, the fault injection and helpers of ddp_run, and the whole
 notebook autograded as the solution and as the blank release (which also proves that both
 checkers accept the solution and say "not implemented yet" for the blank)."""
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from exercise_utils import checks_ddp, ddp_run, launch
+from exercise_utils import checks_ddp, ddp_join, ddp_run, launch
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 from grading import autograde_solution_and_blank
 
@@ -97,6 +98,54 @@ def test_autograde_solution_and_blank(tmp_path):
     assert "largest parameter difference between A and B: 0" in graded
     assert "restarted 1 time(s)" in graded and "one job: 2 workers on 2 nodes" in graded
     assert "linear + warm-up" in graded
+    # uneven inputs under DDP (exercise_utils.ddp_join), from the notebook's two runs: without
+    # model.join() the long rank waits in DDP's all-reduce until gloo's timeout ends the job
+    # (nothing survives it); with it every rank runs all its batches, replicas identical and
+    # equal to a one-process simulation
+    results = tmp_path / "course" / "autograded" / "solution" / STEM / "results" / "05"
+    hang, join = (json.loads((results / f"ddp_join_{mode}.json").read_text())
+                  for mode in ("hang", "join"))
+    hang["waits"] = {int(rank): where for rank, where in hang["waits"].items()}
+    assert_hang_ends_by_the_gloo_timeout_and_leaves_no_process(hang)
+    assert_join_runs_every_batch_on_every_rank(join)
+    assert_join_replicas_identical_and_equal_to_the_one_process_simulation(join)
+    assert_table_shows_both_outcomes(hang, join)
+
+
+def assert_hang_ends_by_the_gloo_timeout_and_leaves_no_process(hang):
+    assert hang["hung"] and hang["killed_by"] == "gloo timeout", hang
+    assert "Timed out" in hang["error"], hang["error"]
+    long_, short = hang["batches"]
+    assert long_ > short, hang            # the 70/30 split: rank 0 has more batches
+    assert hang["waits"][0] == (f"stuck in DDP's gradient all-reduce of batch {short + 1} "
+                                f"of its {long_}"), hang["waits"]
+    assert hang["waits"][1] == (f"ran all its {short} batches, then stuck in the "
+                                "end-of-training barrier"), hang["waits"]
+    assert hang["steps"] == [short, short], hang     # without join: rank 0 stops short
+    assert hang["seconds"] < ddp_join.TIMEOUT / 2, hang     # the gloo timeout, not the launcher
+    assert hang["left_processes"] == []
+
+
+def assert_join_runs_every_batch_on_every_rank(join):
+    assert not join["hung"]
+    assert join["batches"][0] > join["batches"][1], join
+    assert join["steps"] == join["batches"], join    # the long rank ran all 14, not 6
+
+
+def assert_join_replicas_identical_and_equal_to_the_one_process_simulation(join):
+    assert join["max_replica_diff"] <= 1e-6, join
+    assert join["divide_by_initial"] is True
+    assert join["max_vs_reference"] <= 1e-5, join
+    # The simulation tells the two divisors apart, so the check above means something.
+    assert join["max_vs_other_divisor"] > 1e-3, join
+
+
+def assert_table_shows_both_outcomes(hang, join):
+    text = ddp_join.table([hang, join])
+    lines = text.splitlines()
+    assert len(lines) == 4, text
+    assert "gloo timeout after" in lines[2] and "6 / 6" in lines[2], text
+    assert "completed" in lines[3] and "14 / 6" in lines[3], text
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")

@@ -2,16 +2,18 @@
 blank file, a crash in one stage costing only its points, and the whole notebook autograded as
 the solution and as the blank release (which also proves that every checker accepts the
 solution, that the solution's training script runs under mpiexec and torchrun with 1 and 2
-ranks, and that the benchmark runs).
+ranks, and that the benchmark runs: its rows are checked here, not run twice).
 
 The checkers keep their launches' results per file content, so the five checks of one file
 cost one launch per world size (2 and 3 ranks)."""
+import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
 
-from exercise_utils import checks_myddp
+from exercise_utils import checks_myddp, ddp_bench
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 from grading import autograde_solution_and_blank
 
@@ -94,3 +96,43 @@ def test_autograde_solution_and_blank(tmp_path):
                        r"[\d.]+ +max \|param - 1 rank\| ([\d.e+-]+)", graded)
     assert len(diffs) == 2 and all(float(d) < 1e-4 for _, d in diffs), diffs
     assert "torch default" in graded and "bucket" in graded
+    results = tmp_path / "course" / "autograded" / "solution" / STEM / "results"
+    assert_benchmark_rows(json.loads((results / "06_ddp_bench.json").read_text())["rows"], tmp_path)
+
+
+def assert_benchmark_rows(rows, tmp_path):
+    """One row per variant, sane fields, identical replicas, table and plot. No timing
+    assertions (a test is no benchmark)."""
+    caps = [f"{c:g}" for c in ddp_bench.CAPS]
+    expected = (["local", "naive", "flat", "overlap"] + [f"bucket {c}" for c in caps]
+                + [f"torch {c}" for c in caps] + ["torch default"])
+    assert [r["variant"] for r in rows] == expected, "one row per variant, in order"
+    by = {r["variant"]: r for r in rows}
+    tensors = by["local"]["param_tensors"]
+    assert tensors == 4 * ddp_bench.DEPTH + 2
+    for r in rows:
+        assert r["step_ms"] > 0 and r["compute_ms"] > 0 and r["world_size"] == 2
+        assert len(r["step_ms_all"]) == ddp_bench.REPEATS and r["threads"] == ddp_bench.THREADS
+        assert r["exposed_share"] < 1
+        if r["kind"] == "local":
+            assert r["messages"] == 0 and r["comm_ms"] is None
+            assert r["rank_diff"] > 0, "without sync the ranks' different batches must show"
+        else:
+            assert r["messages"] >= 1 and r["comm_ms"] > 0 and r["comm_share"] > 0
+            assert r["rank_diff"] == 0, f"{r['variant']}: replicas differ by {r['rank_diff']}"
+            assert r["torch_diff"] < 1e-4, f"{r['variant']} trained differently from torch DDP"
+    assert by["naive"]["messages"] == by["overlap"]["messages"] == tensors
+    assert by["flat"]["messages"] == 1 and by["bucket 25"]["messages"] == 1
+    small = f"bucket {caps[0]}"
+    assert 1 < by[small]["messages"] < tensors, "a tiny cap makes several buckets"
+    assert by[f"torch {caps[0]}"]["messages"] > 1 and by["torch 25"]["messages"] == 1
+
+    ratios = {r["variant"]: r for r in ddp_bench.with_ratios(rows)}
+    assert ratios["torch default"]["vs_torch"] == 1.0
+    paired = [a / b for a, b in zip(by["bucket 25"]["step_ms_all"], by["torch 25"]["step_ms_all"])]
+    assert ratios["bucket 25"]["vs_torch_same_cap"] == statistics.median(paired)
+    assert ratios["naive"]["vs_torch_same_cap"] is None
+    text = ddp_bench.table(rows)
+    assert "vs torch DDP" in text and "bucket 25" in text and "torch default" in text
+    ddp_bench.plot(rows, tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").stat().st_size > 0

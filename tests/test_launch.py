@@ -194,7 +194,7 @@ def test_torchrun_hang_kills_workers(tmp_path):
         dist.barrier()
         """)
     with pytest.raises(launch.LaunchTimeout):
-        launch.torchrun(script, 2, [pidfile], timeout=25, echo=False)
+        launch.torchrun(script, 2, [pidfile], timeout=15, echo=False)
     pids = [int(p) for p in pidfile.read_text().split()]
     assert len(pids) == 2 and not any(alive(p) for p in pids)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exercise_utils import ddp_hello, launch, multinode
+from exercise_utils import ddp_hello, launch, launch_many, multinode
 from exercise_utils.config import quick
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,18 +76,18 @@ def test_failing_agent_stops_the_whole_job_quickly():
 
 def test_run_many_labels_output_and_kills_the_others_on_failure():
     ok = [sys.executable, "-c", "print('one'); print('two', end='')"]
-    results = launch.run_many([ok, ok], labels=["x", "y"], timeout=30, echo=False)
+    results = launch_many.run_many([ok, ok], labels=["x", "y"], timeout=30, echo=False)
     assert [r.output for r in results] == ["one\ntwo", "one\ntwo"]
     sleeper = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
     failer = [sys.executable, "-c", "import time; time.sleep(1); raise SystemExit(5)"]
     start = time.monotonic()
     with pytest.raises(launch.LaunchError) as err:
-        launch.run_many([sleeper, failer], labels=["sleepy", "broken"], timeout=60, echo=False)
+        launch_many.run_many([sleeper, failer], labels=["sleepy", "broken"], timeout=60, echo=False)
     assert time.monotonic() - start < 20
     assert "broken" in str(err.value) and "exit code 5" in str(err.value)
     assert err.value.returncode == 5 and "[sleepy] up" in err.value.output
     with pytest.raises(launch.LaunchTimeout, match="sleepy, broken still running"):
-        launch.run_many([sleeper, sleeper], labels=["sleepy", "broken"], timeout=1.5, echo=False)
+        launch_many.run_many([sleeper, sleeper], labels=["sleepy", "broken"], timeout=1.5, echo=False)
 
 
 def _torchrun_args(line):
