@@ -20,6 +20,7 @@ compute does not explain (communication not hidden, copies, waits). Sanity: ``ra
 Rank 0 writes JSON. Used in 06_build_your_own_ddp (:func:`run`, :func:`table`, :func:`plot`).
 """
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -213,6 +214,9 @@ def main(argv=None):
             print(table(rows), flush=True)
         dist.barrier()
     finally:
+        # DDP models left in reference cycles still hold the group: free them now, or gloo's
+        # threads may abort the process at interpreter exit (SIGABRT; see ddp_run.main)
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -17,6 +17,7 @@ On real hosts replace 127.0.0.1 by the first host's address (``multinode.cluster
 Used in 05_ddp_torchrun_fault_tolerance.
 """
 import argparse
+import gc
 import json
 import os
 import socket
@@ -123,6 +124,9 @@ def main(argv=None):
             with open(args.out, "w") as f:
                 json.dump({"world_size": w, "steps": args.steps, "records": records}, f, indent=1)
     dist.barrier()
+    # DDP models left in reference cycles still hold the group: free them now, or gloo's
+    # threads may abort the process at interpreter exit (SIGABRT; see ddp_run.main)
+    gc.collect()
     dist.destroy_process_group()
 
 

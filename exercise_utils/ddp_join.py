@@ -25,6 +25,7 @@ batches, steps, max_replica_diff, max_vs_reference (|DDP - simulation|), max_vs_
 (the same, other divisor), checksum (sum |param|), seconds. Used in 05_ddp_torchrun_fault_tolerance.
 """
 import argparse
+import gc
 import contextlib
 import datetime
 import json
@@ -130,6 +131,7 @@ def main(argv=None):
             "max_vs_other_divisor": gap[1], "checksum": flat.double().abs().sum().item()})
     dist.barrier()
     del model, opt                # free DDP (it holds the group) before destroying the group
+    gc.collect()                  # and whatever of it sits in reference cycles
     dist.destroy_process_group()
 
 

@@ -18,6 +18,7 @@ no process left behind), :func:`sweep` runs the notebook's comparison, :func:`su
 :func:`table` and :func:`plot` present it. Used in 05_ddp_torchrun_fault_tolerance.
 """
 import argparse
+import gc
 import json
 import math
 import sys
@@ -178,6 +179,9 @@ def main(argv=None):
             Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
         dist.barrier()
     finally:
+        # DDP models left in reference cycles still hold the group: free them now, or gloo's
+        # threads may abort the process at interpreter exit (SIGABRT; see ddp_run.main)
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -25,6 +25,7 @@ about twice that over the wire). Rank 0 evaluates on the test subset and writes 
 (the paper's figures are in :mod:`~exercise_utils.powersgd_paper`). Used in 08_bonus_powersgd.
 """
 import argparse
+import gc
 import json
 import sys
 import time
@@ -193,6 +194,9 @@ def main(argv=None):
             Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
         dist.barrier()
     finally:
+        # DDP models left in reference cycles still hold the group: free them now, or gloo's
+        # threads may abort the process at interpreter exit (SIGABRT; see ddp_run.main)
+        gc.collect()
         dist.destroy_process_group()
 
 
