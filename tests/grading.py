@@ -7,6 +7,7 @@ repeat that work.
 """
 import csv
 import json
+import re
 import subprocess
 import sys
 import time
@@ -114,3 +115,30 @@ def autograde_solution_and_blank(tmp_path, stem, points, checks, timeout=1500):
 def graded_text(course, student, stem):
     """The autograded notebook of ``student`` as text."""
     return (course / "autograded" / student / stem / f"{stem}.ipynb").read_text()
+
+
+# ------------------------------------------------ checks shared by the notebooks' test files
+def assert_release_regions_in_function_bodies(blank_file, at_least):
+    """The blank student file compiles and each of its ``raise NotImplementedError()`` (at
+    least ``at_least``) sits inside a function body, never at module level."""
+    text = Path(blank_file).read_text()
+    raises = re.findall(r"^( *)raise NotImplementedError\(\)$", text, flags=re.M)
+    assert len(raises) >= at_least and all(len(indent) >= 4 for indent in raises), raises
+    compile(text, "blank", "exec")
+
+
+def assert_wrong_files_listed(prefix, expected):
+    """``tests/wrong/<prefix>_*.py`` are exactly the files ``expected`` gives messages for."""
+    stems = {p.stem for p in (ROOT / "tests" / "wrong").glob(f"{prefix}_*.py")}
+    assert stems == set(expected), f"tests/wrong/{prefix}_* and EXPECTED must list the same files"
+
+
+def assert_blank_not_implemented(checkers, path):
+    """Every checker says "not implemented yet: " for the blank file and names the file."""
+    for name, check in checkers.items():
+        try:
+            check(path)
+        except AssertionError as err:
+            assert "not implemented yet: " in str(err) and str(path) in str(err), (name, str(err))
+        else:
+            raise AssertionError(f"{name} accepted the blank file")

@@ -15,7 +15,8 @@ import pytest
 
 from exercise_utils import checks_myddp, ddp_bench
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
-from grading import autograde_solution_and_blank
+from grading import (assert_blank_not_implemented, assert_release_regions_in_function_bodies,
+                     assert_wrong_files_listed, autograde_solution_and_blank)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "06_build_your_own_ddp"
@@ -55,15 +56,11 @@ def test_solution_writes_the_student_file_and_the_training_script():
 
 
 def test_release_regions_sit_inside_function_bodies(blank_file):
-    text = Path(blank_file).read_text()
-    raises = re.findall(r"^( *)raise NotImplementedError\(\)$", text, flags=re.M)
-    assert len(raises) >= 15 and all(len(indent) >= 4 for indent in raises)
-    compile(text, "blank", "exec")
+    assert_release_regions_in_function_bodies(blank_file, 15)
 
 
 def test_every_wrong_file_has_an_expected_message():
-    stems = {p.stem for p in WRONG.glob("06_*.py")}
-    assert stems == set(EXPECTED), "tests/wrong/06_* and EXPECTED must list the same files"
+    assert_wrong_files_listed("06", EXPECTED)
 
 
 @pytest.mark.parametrize("stem", sorted(EXPECTED))
@@ -74,11 +71,7 @@ def test_checker_rejects_wrong_file(stem):
 
 
 def test_blank_is_reported_as_not_implemented(blank_file):
-    path = blank_file
-    for name, check in CHECKERS.items():
-        with pytest.raises(AssertionError, match="not implemented yet: ") as err:
-            check(path)
-        assert str(path) in str(err.value), name
+    assert_blank_not_implemented(CHECKERS, blank_file)
 
 
 def test_one_stage_crashing_costs_only_its_own_points():

@@ -6,14 +6,14 @@ benchmark it ran (``zero_bench``, quick sizes) checked.
 ``check_sharded`` and ``check_checkpoint`` share their launches (one per world size, 2 and 3
 ranks) per file content; ``check_memory`` launches nothing."""
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from exercise_utils import checks_zero, zero_bench
 from exercise_utils.notebook_files import extract_writefiles
-from grading import autograde_solution_and_blank
+from grading import (assert_blank_not_implemented, assert_release_regions_in_function_bodies,
+                     assert_wrong_files_listed, autograde_solution_and_blank)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "07_bonus_zero_sharding"
@@ -51,15 +51,11 @@ def blank_file(tmp_path_factory):
 
 
 def test_release_regions_sit_inside_function_bodies(blank_file):
-    text = Path(blank_file).read_text()
-    raises = re.findall(r"^( *)raise NotImplementedError\(\)$", text, flags=re.M)
-    assert len(raises) >= 8 and all(len(indent) >= 4 for indent in raises)
-    compile(text, "blank", "exec")
+    assert_release_regions_in_function_bodies(blank_file, 8)
 
 
 def test_every_wrong_file_has_an_expected_message():
-    stems = {p.stem for p in WRONG.glob("07_*.py")}
-    assert stems == set(EXPECTED), "tests/wrong/07_* and EXPECTED must list the same files"
+    assert_wrong_files_listed("07", EXPECTED)
 
 
 @pytest.mark.parametrize("stem", sorted(EXPECTED))
@@ -70,11 +66,7 @@ def test_checker_rejects_wrong_file(stem):
 
 
 def test_blank_is_reported_as_not_implemented(blank_file):
-    path = blank_file
-    for name, check in CHECKERS.items():
-        with pytest.raises(AssertionError, match="not implemented yet: ") as err:
-            check(path)
-        assert str(path) in str(err.value), name
+    assert_blank_not_implemented(CHECKERS, blank_file)
 
 
 def test_a_crashing_checkpoint_costs_only_its_own_points(tmp_path, solution_file):

@@ -6,7 +6,6 @@ as the solution and as the blank release, with the rows of the experiment it ran
 The checkers keep their launches' results per file content, so the three checks of one file
 cost one launch per world size (2 and 3 gloo ranks); a wrong file usually fails at 2."""
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,8 @@ from exercise_utils import checks_powersgd
 from exercise_utils import powersgd_experiment as pe
 from exercise_utils.models import DropoutNet
 from exercise_utils.notebook_files import extract_writefiles
-from grading import autograde_solution_and_blank
+from grading import (assert_blank_not_implemented, assert_release_regions_in_function_bodies,
+                     assert_wrong_files_listed, autograde_solution_and_blank)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "08_bonus_powersgd"
@@ -57,15 +57,11 @@ def blank_file(tmp_path_factory):
 
 
 def test_release_regions_sit_inside_function_bodies(blank_file):
-    text = Path(blank_file).read_text()
-    raises = re.findall(r"^( *)raise NotImplementedError\(\)$", text, flags=re.M)
-    assert len(raises) == 3 and all(len(indent) >= 4 for indent in raises)
-    compile(text, "blank", "exec")
+    assert_release_regions_in_function_bodies(blank_file, 3)
 
 
 def test_every_wrong_file_has_an_expected_message():
-    stems = {p.stem for p in WRONG.glob("08_*.py")}
-    assert stems == set(EXPECTED), "tests/wrong/08_* and EXPECTED must list the same files"
+    assert_wrong_files_listed("08", EXPECTED)
 
 
 @pytest.mark.parametrize("stem", sorted(EXPECTED))
@@ -76,11 +72,7 @@ def test_checker_rejects_wrong_file(stem):
 
 
 def test_blank_is_reported_as_not_implemented(blank_file):
-    path = blank_file
-    for name, check in CHECKERS.items():
-        with pytest.raises(AssertionError, match="not implemented yet: ") as err:
-            check(path)
-        assert str(path) in str(err.value), name
+    assert_blank_not_implemented(CHECKERS, blank_file)
 
 
 def test_a_crash_in_powersgd_costs_only_its_own_points(tmp_path, solution_file):
