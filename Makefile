@@ -44,7 +44,7 @@ lab: setup
 	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/
 
 demo: setup
-	$(PY) -m exercise_utils.demo
+	$(PY) -m exercise_utils.mpi_parallel_sgd.demo
 
 test: setup
 	DTFS_QUICK=1 $(PY) -m pytest tests --durations=20

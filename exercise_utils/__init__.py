@@ -1,21 +1,20 @@
 """Helpers, launchers and checkers of the course Distributed Training from Scratch.
 
-Modules (flat, one topic each): ``config`` (quick mode), ``data`` (datasets),
-``models`` (networks), ``launch`` and ``launch_many`` (run distributed programs safely),
-``harness`` and ``rankworker`` (checker harness), ``bench`` (timing and plots), and per
-notebook:
-01 ``checks_mpi``, ``mpi_sgd``, ``mpi_experiments``, ``bench_mpi``;
-02 ``checks_sampler``, ``checks_hogwild``, ``hogwild``, ``hogwild_experiments``;
-03 ``checks_ring``, ``bench_ring``, ``checks_dist``, ``checks_syncbn``, ``dist_train``,
-``dist_experiments``, ``dist_demos``;
-04 ``cifar_tricks`` (the trainer's parts), ``cifar_dp`` (settings and launcher),
-``checks_cifar``, ``cifar_experiments``;
-05 ``ddp_run`` (settings, fault injection, main), ``checks_ddp``, ``multinode``,
-``ddp_hello``, ``lr_scaling``, ``ddp_join``;
-06 ``checks_myddp`` and ``myddp_probe`` (the checkers and what runs in the ranks),
-``ddp_bench``;
-07 ``checks_zero`` and ``zero_probe``, ``zero_bench``;
-08 ``checks_powersgd`` and ``powersgd_probe``, ``powersgd_experiment``, ``powersgd_paper``.
+The shared core, which every notebook uses:
+``config`` (quick mode), ``data`` (datasets), ``models`` (the course's networks),
+``launch`` and ``launch_many`` (run distributed programs with live output and a hard timeout),
+``processes`` (find and stop everything a launch started), ``harness`` and ``rankworker``
+(run a checker's probe against a student file in fresh processes), ``bench`` (timing,
+tables, JSON and plots), ``notebook_files`` (the ``%%writefile`` files of a notebook) and
+``linebuf`` (line-buffered MPI ranks).
+
+One package per notebook, named after the notebook's stem without ``NN_`` (each package's
+docstring lists its modules): ``mpi_parallel_sgd`` (01), ``shared_memory_hogwild`` (02),
+``torch_distributed_collectives`` (03), ``resnet_cifar_data_parallel`` (04),
+``ddp_torchrun_fault_tolerance`` (05), ``build_your_own_ddp`` (06), ``bonus_zero_sharding``
+(07), ``bonus_powersgd`` (08). A notebook's CHECK cells import from its package's ``checks``
+(or ``checks_<exercise>``), e.g. ``from exercise_utils.build_your_own_ddp.checks import
+check_api``. A topic package imports the core and its own modules, never another topic's.
 """
 from .config import QUICK, quick
 

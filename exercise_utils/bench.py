@@ -89,10 +89,7 @@ def line_plot(series, xlabel, ylabel, title, path, logx=False, logy=False, xtick
     Returns:
         the matplotlib Figure (a notebook shows it).
     """
-    import matplotlib
-    if not _interactive():
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, (xs, ys) in series.items():
         ax.plot(xs, ys, marker="o", label=label)
@@ -117,6 +114,16 @@ def save_figure(fig, path):
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return fig
+
+
+def pyplot():
+    """``matplotlib.pyplot``, with the file-only Agg backend outside IPython (scripts, tests,
+    headless runs), the notebook's own backend inside it (so figures display)."""
+    import matplotlib
+    if not _interactive():
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
 
 
 def _interactive():

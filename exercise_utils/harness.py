@@ -3,8 +3,9 @@
 A checker never imports student code into the notebook kernel. It calls
 :func:`run_ranks`, which starts ``world_size`` fresh processes (MPI through
 ``mpiexec``, or gloo through :mod:`exercise_utils.rankworker`), imports the
-student file in each, calls a *probe* (a checker-side function in
-``exercise_utils``) with the student module, and collects one result per rank.
+student file in each, calls a *probe* (a function of a topic's ``probes`` module, e.g.
+:func:`exercise_utils.mpi_parallel_sgd.probes.probe_sgd`) with the student module, and
+collects one result per rank.
 Every failure becomes an ``AssertionError`` a student can act on: "not implemented
 yet", "rank 1 raised ...", "hung: ranks issued different collectives?", or, via
 :func:`assert_close`, "rank 2 differs by 3e-02 in fc1.weight".
@@ -27,7 +28,8 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=60
 
     Args:
         path: the student file (e.g. ``work/01_shards.py``).
-        probe: ``"exercise_utils.module:function"``; it receives the imported student
+        probe: the probe function (defined at module level, importable in a fresh process)
+            or its name ``"package.module:function"``; it receives the imported student
             module and a context with ``rank``, ``size``, ``backend`` and ``comm`` (MPI).
         world_size: number of processes.
         backend: ``"mpi"`` (mpiexec + mpi4py), ``"gloo"`` (torch.distributed) or ``"none"``
@@ -41,6 +43,8 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=60
         AssertionError: with a message for the student on any failure.
     """
     path = Path(path)
+    if callable(probe):
+        probe = f"{probe.__module__}:{probe.__qualname__}"
     what = what or probe.split(":")[-1]
     if not path.is_file():
         raise AssertionError(f"{path} does not exist: run the %%writefile cell that creates it first.")

@@ -3,7 +3,8 @@
 Every launch gets live output, a hard timeout and a fresh free port. Every process
 it starts carries a tag in its environment (``DTFS_LAUNCH_TAG=<launcher pid>:<id>``); when the launch
 ends (success, failure, timeout or Ctrl-C) every process still carrying the tag is
-killed, including workers that ``mpiexec`` or ``torchrun`` started in new sessions.
+killed, including workers that ``mpiexec`` or ``torchrun`` started in new sessions
+(:mod:`exercise_utils.processes`).
 
 Used in every notebook (01_mpi_parallel_sgd onwards) and by the checker harness; several
 commands at once (a multi-node job's agents): :mod:`exercise_utils.launch_many`.
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-TAG = "DTFS_LAUNCH_TAG"
+from .processes import TAG, cleanup, die_with_parent, remember_children
 HANG_HINT = ("A distributed program that hangs is almost always waiting in a collective "
              "(Bcast, Allreduce, barrier, ...) that another rank never called, or called "
              "in a different order or with a different size.")
@@ -76,54 +77,6 @@ def find_executable(name):
              "torchrun": "pip install torch in the environment of " + sys.executable}
     raise FileNotFoundError(f"{name} not found next to {sys.executable} nor on PATH. "
                             f"Install it: {hints.get(name, 'install it')}.")
-
-
-def tagged_processes(tag):
-    """Return every live process whose environment carries ``DTFS_LAUNCH_TAG=tag``.
-
-    ``tag`` may also be a predicate called with each process's tag value.
-    """
-    match = tag if callable(tag) else tag.__eq__
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            value = proc.environ().get(TAG)
-            if (proc.pid != os.getpid() and value and match(value)
-                    and proc.status() != psutil.STATUS_ZOMBIE):
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def kill_processes(procs, grace=1.0):
-    """Terminate, then kill, the given psutil processes and wait for them.
-
-    Returns:
-        list[int]: the pids that were still alive and had to be stopped.
-    """
-    alive = [p for p in procs if _is_alive(p)]
-    for p in alive:
-        _signal(p, signal.SIGTERM)
-    _, still = psutil.wait_procs(alive, timeout=grace)
-    for p in still:
-        _signal(p, signal.SIGKILL)
-    psutil.wait_procs(still, timeout=grace)
-    return [p.pid for p in alive]
-
-
-def _is_alive(p):
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _signal(p, sig):
-    try:
-        p.send_signal(sig)
-    except psutil.Error:
-        pass
 
 
 def _describe(cmd):
@@ -185,7 +138,7 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
     lines, partial = [], [""]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
-                            env=full_env, start_new_session=True, preexec_fn=_die_with_parent)
+                            env=full_env, start_new_session=True, preexec_fn=die_with_parent)
     seen = {proc.pid: psutil.Process(proc.pid)}
     status = "interrupted"
     try:
@@ -197,14 +150,14 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
                 status = "timeout"
                 break
             open_ = _pump(proc, sel, lines, echo, partial, 0.2) if open_ else (time.sleep(0.2) or False)
-            _remember_children(seen)
+            remember_children(seen)
         else:
             end = time.monotonic() + 1.0
             while open_ and time.monotonic() < end:
                 open_ = _pump(proc, sel, lines, echo, partial, 0.1)
             status = "done"
     finally:
-        killed = _cleanup(proc, tag, seen)
+        killed = cleanup(proc, tag, seen)
         if partial[0]:
             lines.append(partial[0])
             if echo:
@@ -228,46 +181,10 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
     return RunResult(cmd, proc.returncode, output, seconds, killed)
 
 
-def _die_with_parent():
-    """In the child: ask Linux for SIGTERM when the launching process dies (even by SIGKILL,
-    e.g. a notebook kernel restart), so mpiexec / torchrun stop their workers too."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-
-
 def _signal_name(code):
     if code is not None and code < 0:
         return f" (killed by signal {signal.Signals(-code).name})"
     return ""
-
-
-def _remember_children(seen):
-    for p in list(seen.values()):
-        try:
-            for child in p.children(recursive=True):
-                seen.setdefault(child.pid, child)
-        except psutil.Error:
-            continue
-
-
-def _cleanup(proc, tag, seen):
-    """Kill the launched process group, every remembered child and every tagged process."""
-    _remember_children(seen)
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        pass
-    victims = {p.pid: p for p in list(seen.values()) + tagged_processes(tag)}
-    killed = kill_processes(list(victims.values()))
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    # A process may have forked while we were killing: one more sweep.
-    killed += kill_processes(tagged_processes(tag))
-    return sorted(set(killed))
 
 
 def python(script, args=(), **kwargs):

@@ -2,7 +2,7 @@
 the guarantees of :mod:`exercise_utils.launch`: live labelled output, one hard timeout, and no
 process left behind (one launch tag covers every command).
 
-Used in 05_ddp_torchrun_fault_tolerance (through :mod:`exercise_utils.multinode`).
+Used in 05_ddp_torchrun_fault_tolerance (through its ``multinode`` module).
 """
 import os
 import selectors
@@ -13,8 +13,9 @@ import uuid
 
 import psutil
 
-from .launch import (HANG_HINT, TAG, LaunchError, LaunchTimeout, RunResult, _cleanup, _describe,
-                     _die_with_parent, _remember_children, _signal_name, _tail, free_port)
+from .launch import (HANG_HINT, LaunchError, LaunchTimeout, RunResult, _describe, _signal_name,
+                     _tail, free_port)
+from .processes import TAG, cleanup, die_with_parent, remember_children
 
 
 def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo=True,
@@ -44,7 +45,7 @@ def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo
         LaunchTimeout: not all finished within ``timeout``; names those still running.
         LaunchError: a command exited with a non-zero code; names the first that did
             (``err.cmd``, ``err.returncode``); all the others were killed.
-    Used in 05_ddp_torchrun_fault_tolerance (exercise_utils.multinode).
+    Used in 05_ddp_torchrun_fault_tolerance (exercise_utils.ddp_torchrun_fault_tolerance.multinode).
     """
     cmds = [[str(c) for c in cmd] for cmd in cmds]
     labels = list(labels or [f"cmd {i}" for i in range(len(cmds))])
@@ -68,7 +69,7 @@ def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo
         for i, cmd in enumerate(cmds):
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     cwd=cwd, env={**base, **envs[i]}, start_new_session=True,
-                                    preexec_fn=_die_with_parent)
+                                    preexec_fn=die_with_parent)
             procs.append(proc)
             seen[proc.pid] = psutil.Process(proc.pid)
             sel.register(proc.stdout, selectors.EVENT_READ, (i, [""]))
@@ -85,11 +86,11 @@ def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo
                 status = "timeout"
                 break
             _pump_many(sel, lines, merged, labels, echo, 0.2)
-            _remember_children(seen)
+            remember_children(seen)
     finally:
         killed = []
         for proc in procs:
-            killed += _cleanup(proc, tag, seen)
+            killed += cleanup(proc, tag, seen)
         end = time.monotonic() + 1.0       # all are dead now: read what is left in the pipes
         while sel.get_map() and time.monotonic() < end:
             _pump_many(sel, lines, merged, labels, echo, 0.05)

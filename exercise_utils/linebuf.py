@@ -5,7 +5,7 @@
 lines, each labelled once. Usage (the launcher does this for you)::
 
     mpiexec -n 2 python -m exercise_utils.linebuf work/01_hello.py [args...]
-    mpiexec -n 2 python -m exercise_utils.linebuf -m exercise_utils.mpi_sgd [args...]
+    mpiexec -n 2 python -m exercise_utils.linebuf -m exercise_utils.mpi_parallel_sgd.train [args...]
 
 Like ``python -m mpi4py``, an uncaught exception (or ``sys.exit`` with a non-zero
 status) in one rank calls ``MPI_Abort``, which ends every rank at once. Without

@@ -4,7 +4,7 @@ Tests and ``make demo`` use this to get the reference solution files straight
 from ``solutions/NN_topic.ipynb`` (the one source of truth), instead of keeping
 second copies.
 
-Used by tests and by :mod:`exercise_utils.demo`.
+Used by tests and by :mod:`exercise_utils.mpi_parallel_sgd.demo`.
 """
 import json
 from pathlib import Path

@@ -6,7 +6,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from exercise_utils import launch
+from exercise_utils import processes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ def tagged_pids():
     The tag is ``<launcher pid>:<id>``; processes of launches that are still running in
     other programs (another pytest worker, a notebook) are not ours to judge.
     """
-    return {p.pid for p in launch.tagged_processes(_ours_or_orphaned)}
+    return {p.pid for p in processes.tagged_processes(_ours_or_orphaned)}
 
 
 @pytest.fixture(autouse=True)

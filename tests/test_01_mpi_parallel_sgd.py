@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from exercise_utils import checks_mpi
+from exercise_utils.mpi_parallel_sgd import checks
 from exercise_utils.notebook_files import writefile_cells
 from grading import (assert_every_check_says, assert_ran_without_errors, autograde,
                      graded_only, graded_text)
@@ -15,10 +15,10 @@ STEM = "01_mpi_parallel_sgd"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 RELEASE = ROOT / "notebooks" / "01_mpi_parallel_sgd.ipynb"
 WRONG = ROOT / "tests" / "wrong"
-CHECKERS = {"shards": checks_mpi.check_shards, "broadcast": checks_mpi.check_broadcast,
-            "allreduce_sgd": checks_mpi.check_allreduce_sgd,
-            "model_averaging": checks_mpi.check_model_averaging,
-            "convergence": checks_mpi.check_convergence}
+CHECKERS = {"shards": checks.check_shards, "broadcast": checks.check_broadcast,
+            "allreduce_sgd": checks.check_allreduce_sgd,
+            "model_averaging": checks.check_model_averaging,
+            "convergence": checks.check_convergence}
 TIMEOUT = 45   # a hung wrong file is reported after this
 HANG_TIMEOUT = 20   # for the files that must hang: their launch always ends in a timeout
 MUST_HANG = {"01_allreduce_sgd_rank0_only"}

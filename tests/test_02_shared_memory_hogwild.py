@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from exercise_utils import checks_hogwild, checks_sampler, hogwild, hogwild_experiments
+from exercise_utils.shared_memory_hogwild import checks, experiments, probes, train
 from exercise_utils.notebook_files import writefile_cells
 from grading import autograde_solution_and_blank
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEM = "02_shared_memory_hogwild"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 WRONG = ROOT / "tests" / "wrong"
-CHECKERS = {"sampler": checks_sampler.check_sampler, "hogwild": checks_hogwild.check_hogwild}
+CHECKERS = {"sampler": checks.check_sampler, "hogwild": checks.check_hogwild}
 POINTS = 8.0            # 3 (sampler) + 5 (hogwild)
 
 # Each known-wrong file and a fragment of the message its checker must give.
@@ -53,26 +53,26 @@ def test_checker_rejects_wrong_file(stem):
 
 def test_sampler_reference_is_torch():
     """The checker's own reference and its case list (no student code involved)."""
-    cases = checks_sampler.sampler_cases()
+    cases = probes.sampler_cases()
     assert len(cases) > 500 and any(n < r for n, r, *_ in cases)
-    assert checks_sampler.reference_partition(2, 3, 2, False, 0, 0, False) == [0]
-    assert checks_sampler.reference_partition(10, 3, 0, False, 0, 0, True) == [0, 3, 6]
+    assert checks.reference_partition(2, 3, 2, False, 0, 0, False) == [0]
+    assert checks.reference_partition(10, 3, 0, False, 0, 0, True) == [0, 3, 6]
 
 
 def test_parse_run():
-    assert hogwild.parse_run("serial", cores=2) == (0, 2)
-    assert hogwild.parse_run("serialx1", cores=2) == (0, 1)
-    assert hogwild.parse_run("2x1", cores=2) == (2, 1)
-    assert hogwild.parse_run("4x", cores=2) == (4, 1)
-    assert hogwild.parse_run("2xauto", cores=8) == (2, 4)
+    assert train.parse_run("serial", cores=2) == (0, 2)
+    assert train.parse_run("serialx1", cores=2) == (0, 1)
+    assert train.parse_run("2x1", cores=2) == (2, 1)
+    assert train.parse_run("4x", cores=2) == (4, 1)
+    assert train.parse_run("2xauto", cores=8) == (2, 4)
     with pytest.raises(ValueError):
-        hogwild.parse_run("0x1")
+        train.parse_run("0x1")
 
 
 def test_epoch_orders_shows_the_forgotten_set_epoch():
-    lines = hogwild_experiments.epoch_orders(12, 2, 2, set_epoch=False).splitlines()
+    lines = experiments.epoch_orders(12, 2, 2, set_epoch=False).splitlines()
     assert lines[1].split(":")[1] == lines[3].split(":")[1]       # epoch 0 == epoch 1
-    lines = hogwild_experiments.epoch_orders(12, 2, 2, set_epoch=True).splitlines()
+    lines = experiments.epoch_orders(12, 2, 2, set_epoch=True).splitlines()
     assert lines[1].split(":")[1] != lines[3].split(":")[1]
 
 
@@ -93,7 +93,7 @@ def test_recording_dataset_loses_no_read_when_workers_race():
     keep its own slot (the checker once lost reads here under load and blamed the student)."""
     import multiprocessing
     import torch
-    from exercise_utils.checks_hogwild import RecordingDataset
+    from exercise_utils.shared_memory_hogwild.probes import RecordingDataset
     workers, times = 4, 300
     data = RecordingDataset(torch.zeros(2, 3), torch.zeros(2), slots=workers * times)
     ctx = multiprocessing.get_context("fork")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from exercise_utils import (bench_ring, checks_dist, checks_ring, checks_syncbn, dist_demos,
-                            dist_train)
-from exercise_utils import dist_experiments as de
+from exercise_utils.torch_distributed_collectives import (bench, checks, checks_ring, demos,
+                                                         probes_ring, train)
+from exercise_utils.torch_distributed_collectives import experiments as de
 from exercise_utils.harness import run_ranks
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 from grading import autograde_solution_and_blank
@@ -21,9 +21,9 @@ STEM = "03_torch_distributed_collectives"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 WRONG = ROOT / "tests" / "wrong"
 CHECKERS = {"ring_allreduce": checks_ring.check_ring_allreduce,
-            "partition": checks_dist.check_partition,
-            "average_gradients": checks_dist.check_average_gradients,
-            "sync_batchnorm": checks_syncbn.check_sync_batchnorm}
+            "partition": checks.check_partition,
+            "average_gradients": checks.check_average_gradients,
+            "sync_batchnorm": checks.check_sync_batchnorm}
 POINTS = 10
 TIMEOUT = 45            # a hung wrong file is reported after this
 HANG_TIMEOUT = 15       # for the file that must hang: every launch of it ends in a timeout
@@ -80,9 +80,9 @@ def test_checker_rejects_wrong_file(stem):
 
 # ------------------------------------------------------------- ring: recording, benchmark
 def test_importing_the_checker_patches_nothing():
-    originals = {n: getattr(dist, n) for n in checks_ring.P2P + ("all_reduce", "batch_isend_irecv")}
-    assert not any(isinstance(fn, checks_ring._Recorded) for fn in originals.values())
-    with checks_ring.recording() as log:
+    originals = {n: getattr(dist, n) for n in probes_ring.P2P + ("all_reduce", "batch_isend_irecv")}
+    assert not any(isinstance(fn, probes_ring._Recorded) for fn in originals.values())
+    with probes_ring.recording() as log:
         assert all(getattr(dist, n) is not fn for n, fn in originals.items())
         assert dist.isend == originals["isend"]           # what dist.P2POp checks
     assert log == [] and all(getattr(dist, n) is fn for n, fn in originals.items())
@@ -115,12 +115,12 @@ def test_batched_ring_with_imported_names_is_recorded(tmp_path):
     """``from torch.distributed import isend`` and ``batch_isend_irecv`` are seen too."""
     path = tmp_path / "03_ring_allreduce.py"
     path.write_text(BATCHED)
-    cases = checks_ring.ring_cases(2)[:2]
-    res = run_ranks(path, f"{checks_ring.MODULE}:probe_ring", 2, "gloo", {"cases": cases},
+    cases = probes_ring.ring_cases(2)[:2]
+    res = run_ranks(path, probes_ring.probe_ring, 2, "gloo", {"cases": cases},
                     timeout=TIMEOUT)
     for rank, per_case in enumerate(res):
         for i, (got, (shape, dtype)) in enumerate(zip(per_case, cases)):
-            expected = sum(checks_ring.ring_input(shape, dtype, r, i).double() for r in range(2))
+            expected = sum(probes_ring.ring_input(shape, dtype, r, i).double() for r in range(2))
             assert got["value"] == pytest.approx(expected.numpy(), rel=1e-5)
             sends = [(n, peer) for name, n, peer in got["calls"] if name == "isend"]
             numel = got["value"].size
@@ -137,7 +137,7 @@ def work(solution_files):
 
 def test_benchmark_quick_rows_json_table_plot(work, tmp_path):
     out = tmp_path / "ring.json"
-    rows = bench_ring.run_ring_benchmark(work, out=out, echo=False,
+    rows = bench.run_ring_benchmark(work, out=out, echo=False,
                                          extra=("--sizes-kib", "1", "64", "--repeats", "2"))
     assert [r["kib"] for r in rows] == [1, 64] and out.exists()
     for r in rows:
@@ -145,8 +145,8 @@ def test_benchmark_quick_rows_json_table_plot(work, tmp_path):
             assert r[f"{name}_ms"] > 0
             assert r[f"{name}_busbw"] == pytest.approx(r[f"{name}_algbw"])    # 2 ranks: x1
         assert r["ratio"] == pytest.approx(r["ring_ms"] / r["all_reduce_ms"])
-    assert "all_reduce busbw GB/s" in bench_ring.ring_table(rows)
-    bench_ring.plot_ring(rows, tmp_path / "ring.png")
+    assert "all_reduce busbw GB/s" in bench.ring_table(rows)
+    bench.plot_ring(rows, tmp_path / "ring.png")
     assert (tmp_path / "ring.png").stat().st_size > 0
 
 
@@ -155,8 +155,8 @@ def test_benchmark_refuses_a_wrong_ring(tmp_path):
     folder.mkdir()
     (folder / "03_ring_allreduce.py").write_text(       # communicates nothing: wrong sums
         "def ring_all_reduce(tensor, group=None):\n    return tensor\n")
-    with pytest.raises(RuntimeError, match="stopped: bench_ring error: ring gave wrong sums"):
-        bench_ring.run_ring_benchmark(folder, out=tmp_path / "x.json", echo=False,
+    with pytest.raises(RuntimeError, match="stopped: ring benchmark error: ring gave wrong sums"):
+        bench.run_ring_benchmark(folder, out=tmp_path / "x.json", echo=False,
                                       extra=("--sizes-kib", "1", "--repeats", "1"))
 
 
@@ -226,16 +226,16 @@ def assert_per_rank_batchnorm_statistics_differ_while_parameters_agree(results):
 def test_settings_come_from_constants_config_file_and_command_line(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("size: 2\npartition_sizes: [0.7, 0.3]\nasync_op: true\nlr: 0.1\n")
-    args = dist_train.parse_args(["--config", str(cfg), "--lr", "0.2", "--uneven", "join"])
-    (s,) = dist_train.run_settings(args)
+    args = train.parse_args(["--config", str(cfg), "--lr", "0.2", "--uneven", "join"])
+    (s,) = train.run_settings(args)
     assert s["partition_sizes"] == [0.7, 0.3] and s["async_op"] is True
-    assert s["lr"] == 0.2 and s["uneven"] == "join" and s["momentum"] == dist_train.MOMENTUM
+    assert s["lr"] == 0.2 and s["uneven"] == "join" and s["momentum"] == train.MOMENTUM
     cfg.write_text('{"runs": [{"name": "a"}, {"name": "b", "custom_partition": true}]}')
-    runs = dist_train.run_settings(dist_train.parse_args(["--config", str(cfg)]))
+    runs = train.run_settings(train.parse_args(["--config", str(cfg)]))
     assert [r["custom_partition"] for r in runs] == [False, True]
     cfg.write_text("use_batchnorm: true\n")
     with pytest.raises(SystemExit, match="unknown config keys"):
-        dist_train.run_settings(dist_train.parse_args(["--config", str(cfg)]))
+        train.run_settings(train.parse_args(["--config", str(cfg)]))
 
 
 # ---------------------------------------------------------------------------- demos
@@ -264,7 +264,7 @@ def test_key_lines_keeps_rank_prints_and_errors_without_noise():
         "OpType=ALLREDUCE, TensorShape=[3], TensorDtypes=Float, TensorDeviceTypes=TensorOptions("
         "dtype=float (default), memory_format=(nullopt))), but Rank 1 ...",
     ])
-    assert dist_demos.key_lines(out) == [
+    assert demos.key_lines(out) == [
         "rank 0: all_reduce finished with [2.0, 2.0, 2.0]",
         "[rank1]: RuntimeError: Timed out",
         "[rank0]: RuntimeError: Detected mismatch ... CollectiveFingerPrint(SequenceNumber=0, "

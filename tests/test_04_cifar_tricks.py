@@ -1,5 +1,5 @@
 """Parts of the CIFAR-10 bag-of-tricks trainer (notebook 04): GhostBatchNorm, ResNetBagOfTricks
-and exercise_utils.cifar_tricks."""
+and exercise_utils.resnet_cifar_data_parallel.tricks."""
 import hashlib
 import math
 import textwrap
@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from exercise_utils import cifar_tricks as ct
+from exercise_utils.resnet_cifar_data_parallel import tricks as ct
 from exercise_utils import launch
 from exercise_utils.models import GhostBatchNorm, ResNetBagOfTricks, count_parameters
 
@@ -187,8 +187,8 @@ def test_patch_whitening_is_deterministic_across_threads_and_processes(tmp_path)
     script = tmp_path / "whiten.py"
     script.write_text(textwrap.dedent(f"""
         import hashlib, torch
-        from exercise_utils import cifar_tricks
-        w = cifar_tricks.patch_whitening(torch.load({str(tmp_path / 'x.pt')!r}))
+        from exercise_utils.resnet_cifar_data_parallel import tricks
+        w = tricks.patch_whitening(torch.load({str(tmp_path / 'x.pt')!r}))
         print("DIGEST", hashlib.sha256(w.numpy().tobytes()).hexdigest())
     """))
     result = launch.python(script, timeout=60, echo=False)

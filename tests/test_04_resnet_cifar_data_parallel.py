@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from exercise_utils import checks_cifar, cifar_dp, cifar_tricks, launch, models
-from exercise_utils import cifar_experiments as cx
+from exercise_utils import launch, models
+from exercise_utils.resnet_cifar_data_parallel import checks, probes, runner, tricks
+from exercise_utils.resnet_cifar_data_parallel import experiments as cx
 from exercise_utils.bench import load_json
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 from grading import autograde_solution_and_blank
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEM = "04_resnet_cifar_data_parallel"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 WRONG = ROOT / "tests" / "wrong"
-CHECKERS = {"rank_process": checks_cifar.check_rank_process, "train": checks_cifar.check_train}
+CHECKERS = {"rank_process": checks.check_rank_process, "train": checks.check_train}
 POINTS = 6
 
 # Each known-wrong file and a fragment of the message its checker must give.
@@ -61,49 +62,49 @@ def test_checker_rejects_wrong_file(stem):
 
 def test_importing_the_checker_patches_nothing():
     """The checker is imported in the notebook kernel: it must not replace the trainer's parts."""
-    assert models.ResNetBagOfTricks is checks_cifar._ORIGINAL["ResNetBagOfTricks"]
-    assert models.ResNetBagOfTricks is not checks_cifar._RecordedModel
+    assert models.ResNetBagOfTricks is probes.ORIGINAL["ResNetBagOfTricks"]
+    assert models.ResNetBagOfTricks is not probes._RecordedModel
     for name in ("EMA", "minibatches", "evaluate"):
-        assert getattr(cifar_tricks, name) is checks_cifar._ORIGINAL[name]
+        assert getattr(tricks, name) is probes.ORIGINAL[name]
 
 
 def test_check_config_makes_the_classic_splits_uneven():
     """47 examples on 2 ranks: the correct split runs 2 minibatches of 8 per rank, the
     'last rank takes the rest' and strided splits give one rank a third."""
-    c = checks_cifar.CONFIG
-    mb = c.batch_size // checks_cifar.WORLD
-    per = c.train_size // checks_cifar.WORLD
+    c = probes.CONFIG
+    mb = c.batch_size // probes.WORLD
+    per = c.train_size // probes.WORLD
     assert mb == c.ghost_size and per // mb == 2
     assert (c.train_size - per) // mb == 3 and -(-c.train_size // 2) // mb == 3
 
 
 # ------------------------------------------------------------------ launcher and settings
 def test_settings_presets_and_command_line():
-    world, results, config = cifar_dp.parse_args(
+    world, results, config = runner.parse_args(
         ["--world-size", "3", "--preset", "gpu", "--epochs", "4", "--augment", "false",
          "--lr", "0.2", "--data", "synthetic-cifar10", "--results", "r.json"])
     assert (world, results) == (3, "r.json")
     assert (config.epochs, config.augment, config.lr, config.width) == (4, False, 0.2, 64)
-    cpu = cifar_dp.make_config("cpu")
+    cpu = runner.make_config("cpu")
     assert cpu.width == 16 and cpu.batch_size == 128 and cpu.train_size < 50000
     with pytest.raises(ValueError, match="unknown settings"):
-        cifar_dp.make_config("cpu", widht=8)
+        runner.make_config("cpu", widht=8)
     with pytest.raises(SystemExit):
-        cifar_dp.parse_args(["--augment", "maybe"])
+        runner.parse_args(["--augment", "maybe"])
 
 
 def test_backend_and_device_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: test_gpu_run covers it")
-    assert cifar_dp.choose_backend(2, 1) == ("gloo", torch.device("cpu"))
+    assert runner.choose_backend(2, 1) == ("gloo", torch.device("cpu"))
 
 
 def test_real_cifar_loading_path_and_launcher_on_a_fixture(solution_file, tmp_path):
     """CIFAR-10 python batches (the real archive's format) through the trainer: 2 ranks,
     the launcher's spawn, rank 0's JSON summary."""
     make_cifar(tmp_path / "data" / "cifar-10-batches-py")     # 20 training, 6 test images
-    assert cifar_dp.resolve_data("auto", str(tmp_path / "data")) == "cifar10"
-    assert cifar_dp.resolve_data("auto", str(tmp_path / "nothing")) == "synthetic-cifar10"
+    assert runner.resolve_data("auto", str(tmp_path / "data")) == "cifar10"
+    assert runner.resolve_data("auto", str(tmp_path / "nothing")) == "synthetic-cifar10"
     out = tmp_path / "run.json"
     result = launch.python(solution_file, [
         "--world-size", "2", "--preset", "cpu", "--data", "auto", "--data-root",

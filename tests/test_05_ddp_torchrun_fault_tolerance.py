@@ -1,5 +1,5 @@
 """Notebook 05 (DDP under torchrun, snapshots, restarts): the checkers of the torchrun Trainer
-against the known-wrong files, the fault injection and helpers of ddp_run, and the whole
+against the known-wrong files, the fault injection and helpers of runner.py, and the whole
 notebook autograded as the solution and as the blank release (which also proves that both
 checkers accept the solution and say "not implemented yet" for the blank)."""
 import json
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from exercise_utils import checks_ddp, ddp_join, ddp_run, launch
+from exercise_utils import launch
+from exercise_utils.ddp_torchrun_fault_tolerance import checks, join, runner
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 from grading import autograde_solution_and_blank
 
@@ -17,7 +18,7 @@ STEM = "05_ddp_torchrun_fault_tolerance"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 WRONG = ROOT / "tests" / "wrong"
 POINTS = 8
-CHECKERS = {"trainer": checks_ddp.check_trainer, "snapshots": checks_ddp.check_snapshots}
+CHECKERS = {"trainer": checks.check_trainer, "snapshots": checks.check_snapshots}
 
 # Each known-wrong file and a fragment of the message its checker must give.
 EXPECTED = {
@@ -54,12 +55,12 @@ def test_checker_rejects_wrong_file(stem):
 
 
 def test_settings_and_attempt_counter(monkeypatch):
-    config = ddp_run.parse_args(["--epochs", "2", "--crash-at-step", "5", "--lr", "0.1"])
+    config = runner.parse_args(["--epochs", "2", "--crash-at-step", "5", "--lr", "0.1"])
     assert (config.epochs, config.crash_at_step, config.lr, config.crash_rank) == (2, 5, 0.1, 1)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    assert ddp_run.attempt() == 1
-    model = ddp_run.make_model("mlp")
-    opt, sched = ddp_run.make_optimizer(model, ddp_run.RunConfig(lr=1.0, warmup_steps=10))
+    assert runner.attempt() == 1
+    model = runner.make_model("mlp")
+    opt, sched = runner.make_optimizer(model, runner.RunConfig(lr=1.0, warmup_steps=10))
     lrs = []
     for _ in range(12):
         lrs.append(opt.param_groups[0]["lr"])
@@ -72,9 +73,9 @@ def test_rng_state_round_trip():
     import random
     import numpy as np
     import torch
-    state = ddp_run.rng_state()
+    state = runner.rng_state()
     first = (random.random(), float(np.random.rand()), float(torch.rand(1)))
-    ddp_run.set_rng_state(state)
+    runner.set_rng_state(state)
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == first
 
 
@@ -85,7 +86,7 @@ def test_compare_reports_the_largest_difference(tmp_path):
                     "checksums": sums, "attempt": attempt, "world_size": 2}, path)
     out(tmp_path / "a.pt", [1.0, 2.0], 24, [[3.0], [3.0]], 0)
     out(tmp_path / "b.pt", [1.0, 2.5], 24, [[3.5], [3.25]], 1)
-    cmp = ddp_run.compare(tmp_path / "a.pt", tmp_path / "b.pt")
+    cmp = runner.compare(tmp_path / "a.pt", tmp_path / "b.pt")
     assert cmp["max_abs_diff"] == 0.5 and cmp["attempts"] == (0, 1)
     assert cmp["replica_spread"] == (0.0, 0.25) and cmp["steps"] == (24, 24)
 
@@ -98,7 +99,7 @@ def test_autograde_solution_and_blank(tmp_path):
     assert "largest parameter difference between A and B: 0" in graded
     assert "restarted 1 time(s)" in graded and "one job: 2 workers on 2 nodes" in graded
     assert "linear + warm-up" in graded
-    # uneven inputs under DDP (exercise_utils.ddp_join), from the notebook's two runs: without
+    # uneven inputs under DDP (the join module), from the notebook's two runs: without
     # model.join() the long rank waits in DDP's all-reduce until gloo's timeout ends the job
     # (nothing survives it); with it every rank runs all its batches, replicas identical and
     # equal to a one-process simulation
@@ -122,7 +123,7 @@ def assert_hang_ends_by_the_gloo_timeout_and_leaves_no_process(hang):
     assert hang["waits"][1] == (f"ran all its {short} batches, then stuck in the "
                                 "end-of-training barrier"), hang["waits"]
     assert hang["steps"] == [short, short], hang     # without join: rank 0 stops short
-    assert hang["seconds"] < ddp_join.TIMEOUT / 2, hang     # the gloo timeout, not the launcher
+    assert hang["seconds"] < join.TIMEOUT / 2, hang     # the gloo timeout, not the launcher
     assert hang["left_processes"] == []
 
 
@@ -141,7 +142,7 @@ def assert_join_replicas_identical_and_equal_to_the_one_process_simulation(join)
 
 
 def assert_table_shows_both_outcomes(hang, join):
-    text = ddp_join.table([hang, join])
+    text = join.table([hang, join])
     lines = text.splitlines()
     assert len(lines) == 4, text
     assert "gloo timeout after" in lines[2] and "6 / 6" in lines[2], text

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from exercise_utils import lr_scaling
+from exercise_utils.ddp_torchrun_fault_tolerance import lr_scaling
 
 FIELDS = {"workers", "rule", "warmup_epochs", "base_lr", "peak_lr", "batch", "global_batch",
           "steps_per_epoch", "steps", "epochs", "train_size", "test_size", "seed", "train_loss",

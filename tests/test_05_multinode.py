@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from exercise_utils import ddp_hello, launch, launch_many, multinode
+from exercise_utils import launch, launch_many
+from exercise_utils.ddp_torchrun_fault_tolerance import hello, multinode
 from exercise_utils.config import quick
 
 ROOT = Path(__file__).resolve().parents[1]
-HELLO = ROOT / "exercise_utils" / "ddp_hello.py"
+HELLO = Path(hello.__file__)
 NPROC = quick(2, 1)          # workers per agent: world size 4 (full) or 2 (quick)
 
 
@@ -23,7 +24,7 @@ def test_two_agents_form_one_job(tmp_path):
     a, b = multinode.two_agents(HELLO, NPROC, ["--out", out], timeout=multinode.TIMEOUT)
     report = multinode.load_report(out)
     world = 2 * NPROC
-    print(multinode.verify_job(report, 2, NPROC, ddp_hello.reference_params(world)))
+    print(multinode.verify_job(report, 2, NPROC, hello.reference_params(world)))
     recs = report["records"]
     assert report["world_size"] == world and len(recs) == world
     assert len({r["group_rank"] for r in recs}) == 2
@@ -37,7 +38,7 @@ def test_two_agents_form_one_job(tmp_path):
 
 
 def _report(world=2, nproc=1):
-    params = ddp_hello.reference_params(world)
+    params = hello.reference_params(world)
     recs = [{"rank": r, "local_rank": r % nproc, "world_size": world, "group_rank": r // nproc,
              "all_reduce": world * (world + 1) / 2, "params": list(params)} for r in range(world)]
     return {"world_size": world, "records": recs}, params
@@ -59,7 +60,7 @@ def test_verify_job_rejects_what_a_broken_job_looks_like():
         with pytest.raises(AssertionError, match=fragment):
             multinode.verify_job(bad, 2, 2)
     with pytest.raises(AssertionError, match="not averaged"):
-        multinode.verify_job(good, 2, 2, ddp_hello.reference_params(1))
+        multinode.verify_job(good, 2, 2, hello.reference_params(1))
 
 
 def test_failing_agent_stops_the_whole_job_quickly():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from exercise_utils import checks_myddp, ddp_bench
+from exercise_utils.build_your_own_ddp import bench, checks, checks_overlap
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 from grading import (assert_blank_not_implemented, assert_release_regions_in_function_bodies,
                      assert_wrong_files_listed, autograde_solution_and_blank)
@@ -24,9 +24,9 @@ SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
 WRONG = ROOT / "tests" / "wrong"
 POINTS = 10
-CHECKERS = {"api": checks_myddp.check_api, "naive": checks_myddp.check_naive,
-            "flat": checks_myddp.check_flat, "overlap": checks_myddp.check_overlap,
-            "buckets": checks_myddp.check_buckets}
+CHECKERS = {"api": checks.check_api, "naive": checks.check_naive,
+            "flat": checks.check_flat, "overlap": checks_overlap.check_overlap,
+            "buckets": checks_overlap.check_buckets}
 
 # Each known-wrong file and a fragment of the message its checker must give.
 EXPECTED = {
@@ -96,16 +96,16 @@ def test_autograde_solution_and_blank(tmp_path):
 def assert_benchmark_rows(rows, tmp_path):
     """One row per variant, sane fields, identical replicas, table and plot. No timing
     assertions (a test is no benchmark)."""
-    caps = [f"{c:g}" for c in ddp_bench.CAPS]
+    caps = [f"{c:g}" for c in bench.CAPS]
     expected = (["local", "naive", "flat", "overlap"] + [f"bucket {c}" for c in caps]
                 + [f"torch {c}" for c in caps] + ["torch default"])
     assert [r["variant"] for r in rows] == expected, "one row per variant, in order"
     by = {r["variant"]: r for r in rows}
     tensors = by["local"]["param_tensors"]
-    assert tensors == 4 * ddp_bench.DEPTH + 2
+    assert tensors == 4 * bench.DEPTH + 2
     for r in rows:
         assert r["step_ms"] > 0 and r["compute_ms"] > 0 and r["world_size"] == 2
-        assert len(r["step_ms_all"]) == ddp_bench.REPEATS and r["threads"] == ddp_bench.THREADS
+        assert len(r["step_ms_all"]) == bench.REPEATS and r["threads"] == bench.THREADS
         assert r["exposed_share"] < 1
         if r["kind"] == "local":
             assert r["messages"] == 0 and r["comm_ms"] is None
@@ -120,12 +120,12 @@ def assert_benchmark_rows(rows, tmp_path):
     assert 1 < by[small]["messages"] < tensors, "a tiny cap makes several buckets"
     assert by[f"torch {caps[0]}"]["messages"] > 1 and by["torch 25"]["messages"] == 1
 
-    ratios = {r["variant"]: r for r in ddp_bench.with_ratios(rows)}
+    ratios = {r["variant"]: r for r in bench.with_ratios(rows)}
     assert ratios["torch default"]["vs_torch"] == 1.0
     paired = [a / b for a, b in zip(by["bucket 25"]["step_ms_all"], by["torch 25"]["step_ms_all"])]
     assert ratios["bucket 25"]["vs_torch_same_cap"] == statistics.median(paired)
     assert ratios["naive"]["vs_torch_same_cap"] is None
-    text = ddp_bench.table(rows)
+    text = bench.table(rows)
     assert "vs torch DDP" in text and "bucket 25" in text and "torch default" in text
-    ddp_bench.plot(rows, tmp_path / "bench.png")
+    bench.plot(rows, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").stat().st_size > 0

@@ -1,7 +1,7 @@
 """Notebook 07 (bonus: ZeRO-1 optimizer-state sharding): the three checkers against the
 known-wrong files and the blank release, a crash in one stage costing only its points, and the
 whole notebook autograded as the solution and as the blank release, with the rows of the
-benchmark it ran (``zero_bench``, quick sizes) checked.
+benchmark it ran (``bench``, quick sizes) checked.
 
 ``check_sharded`` and ``check_checkpoint`` share their launches (one per world size, 2 and 3
 ranks) per file content; ``check_memory`` launches nothing."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exercise_utils import checks_zero, zero_bench
+from exercise_utils.bonus_zero_sharding import bench, checks
 from exercise_utils.notebook_files import extract_writefiles
 from grading import (assert_blank_not_implemented, assert_release_regions_in_function_bodies,
                      assert_wrong_files_listed, autograde_solution_and_blank)
@@ -21,8 +21,8 @@ SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
 POINTS = 8
 WRONG = ROOT / "tests" / "wrong"
-CHECKERS = {"memory": checks_zero.check_memory, "sharded": checks_zero.check_sharded,
-            "checkpoint": checks_zero.check_checkpoint}
+CHECKERS = {"memory": checks.check_memory, "sharded": checks.check_sharded,
+            "checkpoint": checks.check_checkpoint}
 
 # Each known-wrong file and a fragment of the message its checker must give.
 EXPECTED = {
@@ -78,8 +78,8 @@ def test_a_crashing_checkpoint_costs_only_its_own_points(tmp_path, solution_file
     path = tmp_path / "07_zero.py"
     path.write_text(text)
     with pytest.raises(AssertionError, match="rank . raised KeyError"):
-        checks_zero.check_checkpoint(path)
-    checks_zero.check_sharded(path)
+        checks.check_checkpoint(path)
+    checks.check_sharded(path)
 
 
 # ------------------------------------------------------------------ whole notebook
@@ -96,9 +96,9 @@ def assert_benchmark_rows(rows, tmp_path):
     """One row per variant, world size and rank; the optimizer state measured per rank is the
     whole with 1 rank and about 1/N of it with N ranks for both sharded optimizers; every
     variant trains alike. No timing or RSS assertions (a test is no benchmark)."""
-    worlds = tuple(zero_bench.WORLD_SIZES)
+    worlds = tuple(bench.WORLD_SIZES)
     keys = [(r["variant"], r["world_size"], r["rank"]) for r in rows]
-    assert sorted(keys) == sorted((v, w, r) for w in worlds for v in zero_bench.VARIANTS
+    assert sorted(keys) == sorted((v, w, r) for w in worlds for v in bench.VARIANTS
                                   for r in range(w))
     full = next(r["state_mb"] for r in rows if r["variant"] == "adam" and r["world_size"] == 1)
     assert full == pytest.approx(2 * rows[0]["param_mb"], rel=0.01), "AdamW: two moments"
@@ -114,9 +114,9 @@ def assert_benchmark_rows(rows, tmp_path):
                       if r["variant"] == variant and r["world_size"] == world]
             assert sum(shares) == pytest.approx(full, rel=1e-6), (variant, world, shares)
             assert max(shares) <= 1.3 * full / world, (variant, world, shares)
-    summary = {(s["variant"], s["world_size"]): s for s in zero_bench.summary(rows)}
+    summary = {(s["variant"], s["world_size"]): s for s in bench.summary(rows)}
     assert summary[("adam", 1)]["state_vs_adam"] == 1.0
-    text = zero_bench.table(rows)
+    text = bench.table(rows)
     assert "state MB (max rank)" in text and "torch zero" in text
-    zero_bench.plot(rows, tmp_path / "bench.png")
+    bench.plot(rows, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").stat().st_size > 0

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exercise_utils import checks_powersgd
-from exercise_utils import powersgd_experiment as pe
+from exercise_utils.bonus_powersgd import checks
+from exercise_utils.bonus_powersgd import experiments as pe
 from exercise_utils.models import DropoutNet
 from exercise_utils.notebook_files import extract_writefiles
 from grading import (assert_blank_not_implemented, assert_release_regions_in_function_bodies,
@@ -24,9 +24,9 @@ SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
 POINTS = 6
 WRONG = ROOT / "tests" / "wrong"
-CHECKERS = {"orthogonalize": checks_powersgd.check_orthogonalize,
-            "compression_rank": checks_powersgd.check_compression_rank,
-            "powersgd": checks_powersgd.check_powersgd}
+CHECKERS = {"orthogonalize": checks.check_orthogonalize,
+            "compression_rank": checks.check_compression_rank,
+            "powersgd": checks.check_powersgd}
 
 # Each known-wrong file and a fragment of the message its checker must give.
 EXPECTED = {
@@ -85,9 +85,9 @@ def test_a_crash_in_powersgd_costs_only_its_own_points(tmp_path, solution_file):
         "        if dist.get_rank() == 1:\n"
         "            raise ValueError('boom on rank 1')\n", 1))
     with pytest.raises(AssertionError, match="rank 1 raised ValueError: boom on rank 1"):
-        checks_powersgd.check_powersgd(path)
-    checks_powersgd.check_orthogonalize(path)
-    checks_powersgd.check_compression_rank(path)
+        checks.check_powersgd(path)
+    checks.check_orthogonalize(path)
+    checks.check_compression_rank(path)
 
 
 # ------------------------------------------------------------------ whole notebook

@@ -2,7 +2,7 @@
 
 ``check_orthogonalize`` (Gram-Schmidt), ``check_compression_rank`` (what is compressed, at
 which rank) and ``check_powersgd`` (the ``PowerSGD`` class). One launch per world size (2 and
-3 gloo ranks) probes all three stages (see :mod:`exercise_utils.powersgd_probe`); the results
+3 gloo ranks) probes all three stages (see :mod:`.probes`); the results
 are kept per file content, so the three checks of an unchanged file cost two launches.
 
 ``check_powersgd`` hands ``PowerSGD`` fixed gradients, different on every rank and at every
@@ -14,7 +14,7 @@ step, for 4 steps in 4 settings, and checks:
   recorded;
 * at full rank (r >= min(n, m), every matrix compressed) the result is the exact average;
 * at ranks 1 and 2 (warm start, and rank 2 without it) the result equals the paper's
-  algorithm replayed for every rank in float64 (:func:`~exercise_utils.powersgd_probe.simulate`):
+  algorithm replayed for every rank in float64 (:func:`.reference.simulate`):
   error feedback carried between steps, P orthogonalized, Q averaged, Q kept. When the result
   matches a known mistake instead, the message names it.
 
@@ -25,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import powersgd_probe as pp
-from .config import quick
-from .harness import run_ranks
+from ..config import quick
+from ..harness import run_ranks
+from . import probes
+from . import reference as ref
 
 TIMEOUT = quick(90, 45)      # seconds per launch before it is declared hung
 WORLDS = (2, 3)
@@ -65,13 +66,13 @@ def _results(path, stage, timeout):
     for size in WORLDS:
         key = (digest, size)
         if key not in _CACHE:
-            _CACHE[key] = _launch(path, size, pp.STAGES, timeout)
+            _CACHE[key] = _launch(path, size, probes.STAGES, timeout)
         res = _CACHE[key]
         if isinstance(res, str) and stage != "powersgd":
             # PowerSGD crashed or hung: run the local stages alone (one process)
             key = (digest, "local")
             if key not in _CACHE:
-                _CACHE[key] = _launch(path, 1, pp.STAGES[:2], timeout)
+                _CACHE[key] = _launch(path, 1, probes.STAGES[:2], timeout)
             res = _CACHE[key]
         if isinstance(res, str):
             if " hung: " in res:
@@ -90,7 +91,7 @@ def _results(path, stage, timeout):
 def _launch(path, size, stages, timeout):
     """Per-rank results of one launch, or the error message (a string) if it failed."""
     try:
-        return run_ranks(path, "exercise_utils.powersgd_probe:probe", size,
+        return run_ranks(path, probes.probe, size,
                          "gloo" if "powersgd" in stages else "none", {"stages": stages},
                          timeout, what=f"08_powersgd.py with {size} ranks")
     except AssertionError as err:
@@ -109,7 +110,7 @@ def _local_stage(path, stage, timeout):
 def check_orthogonalize(path, timeout=TIMEOUT):
     """Check ``orthogonalize(P)``: orthonormal columns, column j from P's columns 0..j."""
     for k, got in enumerate(_local_stage(path, "orthogonalize", timeout)):
-        p = pp.ortho_input(k).double().numpy()
+        p = ref.ortho_input(k).double().numpy()
         call = f"orthogonalize(P) with P of shape {tuple(p.shape)}"
         if got is None:
             raise AssertionError(f"{call} returned None: return the orthogonalized matrix")
@@ -138,8 +139,8 @@ def check_orthogonalize(path, timeout=TIMEOUT):
 def check_compression_rank(path, timeout=TIMEOUT):
     """Check ``compression_rank(shape, rank, min_compression_rate)`` on fixed cases."""
     results = _local_stage(path, "compression_rank", timeout)
-    for (shape, rank, rate), got in zip(pp.RANK_CASES, results):
-        want = pp.compression_rank(shape, rank, rate)
+    for (shape, rank, rate), got in zip(ref.RANK_CASES, results):
+        want = ref.compression_rank(shape, rank, rate)
         if got != want:
             call = f"compression_rank({shape}, rank={rank}, min_compression_rate={rate})"
             if len(shape) < 2:
@@ -159,10 +160,10 @@ def check_powersgd(path, timeout=TIMEOUT):
     """Check ``PowerSGD``: collectives and bytes counted, exact at full rank, equal to the
     paper's algorithm (error feedback, orthogonalization, warm start) at ranks 1 and 2."""
     for size, res in _results(path, "powersgd", timeout):
-        exact = pp.exact_average(size)
-        for config in pp.CONFIGS:
+        exact = ref.exact_average(size)
+        for config in ref.CONFIGS:
             _check_calls(res, config, size)
-            reference = exact if config == "full" else pp.simulate(config, size)
+            reference = exact if config == "full" else ref.simulate(config, size)
             for rank, out in enumerate(res):
                 for step, got in enumerate(out[config]["steps"]):
                     bad = _differs(got["grads"], reference[step])
@@ -181,7 +182,7 @@ def check_powersgd(path, timeout=TIMEOUT):
 
 
 def _setting(config):
-    cfg = pp.CONFIGS[config]
+    cfg = ref.CONFIGS[config]
     return (f"PowerSGD(params, rank={cfg['rank']}, min_compression_rate="
             f"{cfg['min_compression_rate']}, warm_start={cfg['warm_start']})")
 
@@ -199,7 +200,7 @@ def _differs(got, want):
 
 
 def _check_calls(res, config, size):
-    plain, comp = pp.expected_elements(config)
+    plain, comp = ref.expected_elements(config)
     want = plain + sum(comp)
     for rank, out in enumerate(res):
         for step, got in enumerate(out[config]["steps"]):
@@ -231,13 +232,13 @@ def _check_calls(res, config, size):
         total = sum(s["bytes_sent"] for s in out[config]["steps"])
         if out[config]["total_bytes"] != total:
             raise AssertionError(f"rank {rank}: total_bytes is {out[config]['total_bytes']} "
-                                 f"after {pp.STEPS} reduce() calls of {_setting(config)}; the "
+                                 f"after {ref.STEPS} reduce() calls of {_setting(config)}; the "
                                  f"sum of their bytes_sent is {total}")
 
 
 def _elements_hint(config, elements, plain, comp):
-    one_d = pp.expected_elements(config, one_d_compressed=True)
-    no_rule = pp.expected_elements(config, no_saving_rule=True)
+    one_d = ref.expected_elements(config, one_d_compressed=True)
+    no_rule = ref.expected_elements(config, no_saving_rule=True)
     if elements == one_d[0] + sum(one_d[1]):
         return ("you compressed 1-D tensors (biases): they must be sent uncompressed, whatever "
                 "min_compression_rate (compression_rank returns 0 for them)")
@@ -257,7 +258,7 @@ def _explain(config, size, rank, step, got, bad, steps, reference):
         if not _differs({name: got[name]}, {name: size * avg}):
             raise AssertionError(where + f"the average: it is {size} times the average: "
                                  + FLAWS["q_not_averaged"])
-        flawed = pp.simulate(config, size, "no_orthogonalization")[step]
+        flawed = ref.simulate(config, size, "no_orthogonalization")[step]
         hint = (FLAWS["no_orthogonalization"] if not _differs(got, flawed) else
                 "check P = M Q, all_reduce(P), orthogonalize, Q = M^T P, all_reduce(Q) / "
                 "world_size, approx = P Q^T")
@@ -265,7 +266,7 @@ def _explain(config, size, rank, step, got, bad, steps, reference):
                              " the whole column space, so P Q^T must equal the average of the"
                              " ranks' gradients: " + hint)
     for flaw, hint in FLAWS.items():
-        flawed = pp.simulate(config, size, flaw)
+        flawed = ref.simulate(config, size, flaw)
         if all(not _differs(s["grads"], f) for s, f in zip(steps, flawed)):
             raise AssertionError(where + "PowerSGD: " + hint)
     raise AssertionError(where + "PowerSGD as in the paper (P = M Q with M = gradient + error, "

@@ -14,15 +14,16 @@ method, all in one launch:
 Both PowerSGD variants send their first ``--start-iter`` steps uncompressed (torch's hook
 requires at least 2 with error feedback or warm start). Launch::
 
-    python -m torch.distributed.run --nproc-per-node 2 -m exercise_utils.powersgd_experiment \
-        --student work/08_powersgd.py --out results/08_powersgd.json
+    python -m torch.distributed.run --nproc-per-node 2 \
+        -m exercise_utils.bonus_powersgd.experiments --student work/08_powersgd.py \
+        --out results/08_powersgd.json
 
 Bytes are COUNTED: ``torch.distributed.all_reduce`` is wrapped, so every gradient all-reduce
 (DDP's hooks and the student's code alike) adds ``numel * element_size`` to the worker's
 total ("bytes per worker": what one worker hands to all-reduce; a ring all-reduce moves
 about twice that over the wire). Rank 0 evaluates on the test subset and writes the rows to
 ``--out``. :func:`run` launches it, :func:`table` and :func:`plot` present the rows
-(the paper's figures are in :mod:`~exercise_utils.powersgd_paper`). Used in 08_bonus_powersgd.
+(the paper's figures are in :mod:`.paper`). Used in 08_bonus_powersgd.
 """
 import argparse
 import gc
@@ -32,8 +33,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from .bench import save_figure
-from .config import quick
+from ..bench import pyplot, save_figure
+from ..config import quick
 
 TRAIN_SIZE = quick(12000, 256)  # training examples shared by the workers
 TEST_SIZE = quick(5000, 256)    # test examples (rank 0 evaluates)
@@ -93,7 +94,7 @@ def train_one(args, method, r, student, train, test, rank, k):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-    from .models import DropoutNet
+    from ..models import DropoutNet
 
     torch.manual_seed(SEED)                        # the same initial weights on every rank
     net = DropoutNet()
@@ -175,8 +176,8 @@ def main(argv=None):
     import torch
     import torch.distributed as dist
 
-    from .data import load_dataset
-    from .rankworker import load_student
+    from ..data import load_dataset
+    from ..rankworker import load_student
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
@@ -195,7 +196,8 @@ def main(argv=None):
         dist.barrier()
     finally:
         # DDP models left in reference cycles still hold the group: free them now, or gloo's
-        # threads may abort the process at interpreter exit (SIGABRT; see ddp_run.main)
+        # threads may abort the process at interpreter exit (SIGABRT; see
+        # ddp_torchrun_fault_tolerance/runner.py, main)
         gc.collect()
         dist.destroy_process_group()
 
@@ -214,16 +216,15 @@ def run(student="work/08_powersgd.py", ranks=RANKS, workers=WORKERS, out=None, e
     Returns:
         list[dict]: one row per run: method, rank, accuracy, bytes_per_worker, compression, ...
     """
-    from . import launch
+    from .. import launch
     out = Path(out or "results/08_powersgd.json")
     if out.exists():
         out.unlink()
     args = ["--student", str(student), "--ranks", *map(str, ranks), "--threads", str(THREADS),
             "--out", str(out), *map(str, extra)]
-    launch.torchrun("exercise_utils.powersgd_experiment", workers, args, extra=["-m"],
-                    timeout=timeout, echo=echo, threads_per_process=THREADS,
-                    what=f"`torchrun --nproc-per-node {workers} -m "
-                         f"exercise_utils.powersgd_experiment`")
+    launch.torchrun(__name__, workers, args, extra=["-m"], timeout=timeout, echo=echo,
+                    threads_per_process=THREADS,
+                    what=f"`torchrun --nproc-per-node {workers} -m {__name__}`")
     return json.loads(out.read_text())["rows"]
 
 
@@ -238,7 +239,7 @@ FORMATS = {"accuracy": ".4f", "mb": ".3f", "compression": ".1f", "train_s": ".1f
 
 def table(rows):
     """Text table of :func:`run`'s rows."""
-    from .bench import format_table
+    from ..bench import format_table
     return format_table([{**r, "run": _label(r), "mb": r["bytes_per_worker"] / 1e6}
                          for r in rows], COLUMNS, FORMATS)
 
@@ -246,11 +247,7 @@ def table(rows):
 def plot(rows, path="results/08_powersgd.png"):
     """Test accuracy against bytes per worker (log scale): yours and torch's PowerSGD at each
     rank (labelled), the uncompressed run as a horizontal reference."""
-    import matplotlib
-    from .bench import _interactive
-    if not _interactive():
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     for method, marker, offset in (("yours", "o", (4, 4)), ("torch", "s", (4, -12))):

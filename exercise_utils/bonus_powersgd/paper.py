@@ -12,9 +12,9 @@ the number of steps a worker takes per epoch: every weight of two or more dimens
 reshaped to (first dimension, the rest) and sent as P and Q, (rows + cols) * min(rows, cols, r)
 numbers; BatchNorm weights, biases and the classifier's bias are sent whole; 4 bytes each.
 The paper's "MB" are MiB (2**20 bytes): 1023.0 of them uncompressed. Used in
-08_bonus_powersgd and checked in tests/test_powersgd_experiment.py.
+08_bonus_powersgd and checked in tests/test_08_powersgd_paper.py.
 """
-from .bench import format_table
+from ..bench import format_table
 
 WORKERS, BATCH_PER_WORKER, TRAIN_IMAGES = 16, 128, 50_000
 BYTES_PER_NUMBER = 4

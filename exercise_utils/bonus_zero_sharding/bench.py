@@ -4,7 +4,8 @@
 A torchrun script on gloo ranks (CPU, one thread each), importing the student file::
 
     MALLOC_MMAP_THRESHOLD_=65536 python -m torch.distributed.run --nproc-per-node 2 \
-        -m exercise_utils.zero_bench --work work/07_zero.py --out results/07_zero_bench_2.json
+        -m exercise_utils.bonus_zero_sharding.bench --work work/07_zero.py \
+        --out results/07_zero_bench_2.json
 
 On every rank, for each variant in turn (``adam``: ``torch.optim.AdamW`` over all the
 parameters, every rank alike; ``sharded``: ``ShardedOptimizer(params, AdamW)``; ``torch zero``:
@@ -27,7 +28,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from .config import quick
+from ..config import quick
 
 WIDTH = quick(1024, 128)        # hidden features (Linear width x width): 6.3M parameters, 25 MB
 DEPTH = 6                       # hidden Linear + ReLU blocks (6: splits evenly over 2 or 3 ranks)
@@ -75,7 +76,7 @@ def state_bytes(opt):
     optimizer; else that of every optimizer among its attributes (``.optim``, the local one,
     for yours and for ZeroRedundancyOptimizer)."""
     import torch
-    from .zero_probe import optimizers
+    from .probes import optimizers
     holders = optimizers(opt) or ([opt] if isinstance(opt, torch.optim.Optimizer) else [])
     return sum(v.numel() * v.element_size() for o in holders for s in o.state.values()
                for v in s.values() if isinstance(v, torch.Tensor))
@@ -134,7 +135,7 @@ def main(argv=None):
     args = parse_args(argv)
     import torch
     import torch.distributed as dist
-    from .rankworker import load_student
+    from ..rankworker import load_student
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
@@ -170,15 +171,15 @@ def run(work="work/07_zero.py", out="results/07_zero_bench.json", world_sizes=WO
     Returns:
         list[dict]: variant, world_size, rank, state_mb, rss_mb, param_mb, param_diff.
     """
-    from . import launch
+    from .. import launch
     out, rows = Path(out), []
     for world in world_sizes:
         part = out.with_name(f"{out.stem}_{world}{out.suffix}")
         part.unlink(missing_ok=True)
         args = ["--work", work, "--threads", THREADS, "--out", part, *extra]
-        launch.torchrun("exercise_utils.zero_bench", world, args, extra=["-m"], env=MALLOC_ENV,
-                        timeout=timeout, echo=echo, threads_per_process=THREADS,
-                        what=f"`torchrun --nproc-per-node {world} -m exercise_utils.zero_bench`")
+        launch.torchrun(__name__, world, args, extra=["-m"], env=MALLOC_ENV, timeout=timeout,
+                        echo=echo, threads_per_process=THREADS,
+                        what=f"`torchrun --nproc-per-node {world} -m {__name__}`")
         rows += json.loads(part.read_text())["rows"]
         part.unlink()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -217,17 +218,14 @@ FORMATS = {"state_mb": ".2f", "state_min_mb": ".2f", "state_vs_adam": ".2f", "rs
 
 def table(rows):
     """Text table of :func:`summary`."""
-    from .bench import format_table
+    from ..bench import format_table
     return format_table(summary(rows), COLUMNS, FORMATS)
 
 
 def plot(rows, path="results/07_zero_bench.png"):
     """Two panels of bars per world size: optimizer state and RSS growth (largest rank)."""
-    import matplotlib
-    from .bench import _interactive, save_figure
-    if not _interactive():
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..bench import pyplot, save_figure
+    plt = pyplot()
     rows, worlds = summary(rows), sorted({r["world_size"] for r in rows})
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, label in ((axes[0], "state_mb", "optimizer state per rank (MB, counted)"),

@@ -5,7 +5,7 @@ compares the ZeRO paper's memory model for every stage with the checker's own fo
 including the paper's 7.5B-parameter model on 64 devices (120, 31.4, 16.6, 1.9 GB).
 
 ``check_sharded`` and ``check_checkpoint`` share one launch per world size (2 and 3 gloo
-ranks; see :mod:`exercise_utils.zero_probe`), kept per file content. ``check_sharded``: after
+ranks; see :mod:`.probes`), kept per file content. ``check_sharded``: after
 10 AdamW steps (weight decay 0.1; a group added with ``add_param_group`` before step 5, with
 its own learning rate and no weight decay) every rank's parameters equal the unsharded
 ``torch.optim.AdamW``'s fed the same averaged gradients (tolerance 1e-6); the optimizer state,
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import zero_probe as zp
-from .config import quick
-from .harness import assert_close, run_ranks
+from ..config import quick
+from ..harness import assert_close, run_ranks
+from . import probes
 
 TIMEOUT = quick(90, 45)      # seconds per launch before it is declared hung
 GLOO_TIMEOUT = 15            # seconds a collective waits before gloo raises
@@ -63,7 +63,7 @@ def expected_bytes(num_params, num_devices, stage, k=12):
 
 def check_memory(path):
     """Check ``bytes_per_device`` (imported here: pure arithmetic, no processes)."""
-    from .rankworker import load_student
+    from ..rankworker import load_student
     path = Path(path)
     if not path.is_file():
         raise AssertionError(f"{path} does not exist: run the %%writefile cell that creates "
@@ -101,7 +101,7 @@ def check_memory(path):
 
 # ---------------------------------------------------------------- launching, caching
 def _launch(path, size, stages, timeout):
-    return run_ranks(path, "exercise_utils.zero_probe:probe", size, "none",
+    return run_ranks(path, probes.probe, size, "none",
                      dict(stages=list(stages), gloo_timeout=min(GLOO_TIMEOUT, timeout / 3)),
                      timeout, what=f"07_zero.py with {size} ranks")
 
@@ -148,7 +148,7 @@ def _results(path, stage, timeout):
 # ---------------------------------------------------------------- check_sharded
 def _check_state(res, size):
     """Each parameter's state on exactly one rank; every rank's share about 1/size."""
-    numels = zp.numels()
+    numels = probes.numels()
     holders = {name: [r for r, out in enumerate(res) if name in out["state"]] for name in numels}
     for rank, out in enumerate(res):
         other = out["state"].get("<other>")
@@ -166,7 +166,7 @@ def _check_state(res, size):
                 f"parameters only, not over all of them")
         if not ranks:
             raise AssertionError(f"with {size} ranks no rank holds optimizer state for {name} "
-                                 f"after {zp.STEPS} steps: every parameter must be owned (and "
+                                 f"after {probes.STEPS} steps: every parameter must be owned (and "
                                  "updated) by exactly one rank")
     elements = [sum(out["state"].values()) for out in res]
     ideal = sum(elements) / size
@@ -199,19 +199,19 @@ def check_sharded(path, timeout=TIMEOUT):
                 diff = float(np.max(np.abs(got - want)))
                 if name not in owned and np.array_equal(got, out["init"][name]):
                     raise AssertionError(
-                        f"rank {rank} differs by {diff:.1e} in {name} after {zp.STEPS} AdamW "
+                        f"rank {rank} differs by {diff:.1e} in {name} after {probes.STEPS} AdamW "
                         f"steps with {size} ranks: this rank does not own {name} and it never "
                         f"changed: after the local step every rank must receive the updated "
                         f"parameters from their owners (dist.broadcast from the owner)")
                 head = name.startswith("head.")
                 raise AssertionError(
-                    f"rank {rank} differs by {diff:.1e} in {name} after {zp.STEPS} AdamW steps "
-                    f"with {size} ranks (weight decay {zp.WEIGHT_DECAY}; max abs difference, "
+                    f"rank {rank} differs by {diff:.1e} in {name} after {probes.STEPS} AdamW steps "
+                    f"with {size} ranks (weight decay {probes.WEIGHT_DECAY}; max abs difference, "
                     f"tolerance {ATOL:g}) from the unsharded torch.optim.AdamW given the same "
                     f"averaged gradients. "
-                    + (f"{name} belongs to the group added before step {zp.ADD_AT} with "
-                       f"add_param_group({{'params': ..., 'lr': {zp.HEAD['lr']}, "
-                       f"'weight_decay': {zp.HEAD['weight_decay']}}}): its hyper-parameters "
+                    + (f"{name} belongs to the group added before step {probes.ADD_AT} with "
+                       f"add_param_group({{'params': ..., 'lr': {probes.HEAD['lr']}, "
+                       f"'weight_decay': {probes.HEAD['weight_decay']}}}): its hyper-parameters "
                        f"must be kept" if head else
                        "Step the local optimizer over this rank's shard, then broadcast every "
                        "parameter from its owner"))
@@ -262,7 +262,7 @@ def check_checkpoint(path, timeout=TIMEOUT):
     for size, res in _results(path, "checkpoint", timeout):
         to = res[0]["to"]
         _check_consolidated(res[to]["consolidated"], res[to]["ref_state"], size, to)
-        numels = zp.numels()
+        numels = probes.numels()
         held = [sorted(out["loaded_state"]) for out in res]
         if any(len(h) == len(numels) for h in held) and size > 1:
             raise AssertionError(f"after load_state_dict of the whole state with {size} ranks "
@@ -270,8 +270,9 @@ def check_checkpoint(path, timeout=TIMEOUT):
                                  f"{len(numels)} parameters: each must keep only its shard's")
         for rank, out in enumerate(res):
             assert_close(out["loaded_final"], out["ref_final"], f"a fresh ShardedOptimizer "
-                         f"(built with lr={10 * zp.LR:g}) that loaded the unsharded AdamW's "
-                         f"state_dict after {zp.STEPS} steps, then trained {zp.MORE_STEPS} more "
-                         f"steps with {size} ranks, must follow the unsharded AdamW: load each "
+                         f"(built with lr={10 * probes.LR:g}) that loaded the unsharded AdamW's "
+                         f"state_dict after {probes.STEPS} steps, then trained "
+                         f"{probes.MORE_STEPS} more steps with {size} ranks, must follow the "
+                         f"unsharded AdamW: load each "
                          f"parameter's state (step counts included) and the groups' "
-                         f"hyper-parameters (lr={zp.LR:g})", rank, ATOL, RTOL)
+                         f"hyper-parameters (lr={probes.LR:g})", rank, ATOL, RTOL)

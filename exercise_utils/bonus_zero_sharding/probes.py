@@ -1,4 +1,4 @@
-"""Probe of notebook 07's checkers: runs inside every rank (see :mod:`exercise_utils.checks_zero`).
+"""Probe of notebook 07's checkers: runs inside every rank (see :mod:`.checks`).
 
 The probe trains the same model twice on every rank from the same start: with the student's
 ``ShardedOptimizer(params, torch.optim.AdamW, ...)`` and with the unsharded ``torch.optim.AdamW``
@@ -20,12 +20,13 @@ Used in 07_bonus_zero_sharding.
 import copy
 import datetime
 import gc
-import traceback
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+from ..rankworker import not_implemented
 
 WIDTH, BLOCKS, CLASSES = 16, 6, 6    # body: 6 x Linear(16, 16) + Tanh; head: Linear(16, 6)
 LOCAL_BATCH = 8
@@ -166,13 +167,6 @@ def checkpoint(student, ctx, objects):
     return out
 
 
-def _todo(student, exc):
-    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)
-              if frame.f_code.co_filename == student.__file__]
-    code = frames[-1].f_code if frames else None
-    return {"todo": getattr(code, "co_qualname", code.co_name) if code else "your code"}
-
-
 def probe(student, ctx, stages, gloo_timeout):
     """Run ``stages`` ("sharded", and "checkpoint" after it); ``{stage: result}``, a result
     being ``{"todo": function}`` where the student's code raised NotImplementedError."""
@@ -182,13 +176,13 @@ def probe(student, ctx, stages, gloo_timeout):
     try:
         sharded, objects = train(student, ctx)
     except NotImplementedError as exc:
-        sharded, objects = _todo(student, exc), None
+        sharded, objects = not_implemented(student, exc), None
     results["sharded"] = sharded
     if "checkpoint" in stages:
         try:
             results["checkpoint"] = checkpoint(student, ctx, objects) if objects else sharded
         except NotImplementedError as exc:
-            results["checkpoint"] = _todo(student, exc)
+            results["checkpoint"] = not_implemented(student, exc)
     del objects
     gc.collect()
     dist.barrier()

@@ -2,7 +2,7 @@
 
 A torchrun script, 2 gloo ranks on CPU (one thread each), importing the student file::
 
-    python -m torch.distributed.run --nproc-per-node 2 -m exercise_utils.ddp_bench \
+    python -m torch.distributed.run --nproc-per-node 2 -m exercise_utils.build_your_own_ddp.bench \
         --work work/06_myddp.py --out results/06_ddp_bench.json
 
 It times a training step (zero_grad, forward, backward, sync, SGD step) of a ~13 MB MLP with
@@ -28,8 +28,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from .bench import save_figure
-from .config import quick
+from ..bench import pyplot, save_figure
+from ..config import quick
 
 WIDTH = quick(512, 64)          # features of each hidden layer (Linear width x width)
 DEPTH = quick(12, 3)            # hidden blocks Linear + LayerNorm + ReLU: 4 tensors each
@@ -199,7 +199,7 @@ def main(argv=None):
     args = parse_args(argv)
     import torch
     import torch.distributed as dist
-    from .rankworker import load_student
+    from ..rankworker import load_student
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
@@ -215,7 +215,8 @@ def main(argv=None):
         dist.barrier()
     finally:
         # DDP models left in reference cycles still hold the group: free them now, or gloo's
-        # threads may abort the process at interpreter exit (SIGABRT; see ddp_run.main)
+        # threads may abort the process at interpreter exit (SIGABRT; see
+        # ddp_torchrun_fault_tolerance/runner.py, main)
         gc.collect()
         dist.destroy_process_group()
 
@@ -232,13 +233,13 @@ def run(work="work/06_myddp.py", out="results/06_ddp_bench.json", extra=(), echo
         list[dict]: one row per variant (see the module docstring for the fields);
         ``wall_s`` is the whole launch, start-up included.
     """
-    from . import launch
+    from .. import launch
     out = Path(out)
     out.unlink(missing_ok=True)
     args = ["--work", str(work), "--threads", str(THREADS), "--out", str(out), *map(str, extra)]
-    res = launch.torchrun("exercise_utils.ddp_bench", 2, args, extra=["-m"], timeout=timeout,
-                          echo=echo, threads_per_process=THREADS,
-                          what="`torchrun --nproc-per-node 2 -m exercise_utils.ddp_bench`")
+    res = launch.torchrun(__name__, 2, args, extra=["-m"], timeout=timeout, echo=echo,
+                          threads_per_process=THREADS,
+                          what=f"`torchrun --nproc-per-node 2 -m {__name__}`")
     return [dict(r, wall_s=res.seconds) for r in json.loads(out.read_text())["rows"]]
 
 
@@ -268,17 +269,13 @@ FORMATS = {"step_ms": ".1f", "vs_torch": ".2f", "vs_torch_same_cap": ".2f", "com
 
 def table(rows):
     """Text table of the rows with their ratios to torch DDP (see :func:`with_ratios`)."""
-    from .bench import format_table
+    from ..bench import format_table
     return format_table(with_ratios(rows), COLUMNS, FORMATS)
 
 
 def plot(rows, path="results/06_ddp_bench.png"):
     """Bars: step time relative to torch DDP's (dashed line: 1), the compute-only part blue."""
-    import matplotlib
-    from .bench import _interactive
-    if not _interactive():
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     rows = [r for r in with_ratios(rows) if r["vs_torch"] is not None]
     ref = next(r["step_ms"] for r in rows if r["variant"] == REFERENCE)
     names, ratios = [r["variant"] for r in rows], [r["vs_torch"] for r in rows]

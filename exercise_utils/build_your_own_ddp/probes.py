@@ -1,4 +1,4 @@
-"""Probe side of notebook 06's checkers: what runs inside the checked ranks, and the replay.
+"""What runs inside the ranks of notebook 06's checks: the recorder and one probe per stage.
 
 :func:`probe` runs inside every rank started by :func:`exercise_utils.harness.run_ranks`
 (2 ranks with torchrun's variables ``RANK``/``WORLD_SIZE``, 3 ranks under ``mpiexec``). It
@@ -8,130 +8,30 @@ how many elements, ``async_op``, when its ``wait()`` came) and runs one probe pe
 stage: ``api``, ``naive``, ``flat``, ``overlap``, ``buckets``. For the stages that
 broadcast (``api``, ``overlap``, ``buckets``) the models come seeded differently on every
 rank, so a missing broadcast shows; ``allreduce_naive`` / ``allreduce_flat`` get the same
-start on every rank (they only average). The models have a frozen parameter and a tied
-weight (:class:`~exercise_utils.models.FrozenTiedNet`) and with BatchNorm buffers
-(:class:`~exercise_utils.models.BNNet`). :func:`replay` is the reference: single-process
-SGD on the combined batch, BatchNorm statistics per rank's sub-batch (as data parallelism
-without SyncBatchNorm computes them), so each rank's running statistics are its own.
+start on every rank (they only average). The models, batches and the replay the checker
+compares with are in :mod:`.reference`.
 
-Used in 06_build_your_own_ddp (by :mod:`exercise_utils.checks_myddp`).
+Used in 06_build_your_own_ddp (by :mod:`.checks` and :mod:`.checks_overlap`).
 """
 import datetime
 import gc
-import traceback
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .models import BNNet, FrozenTiedNet, TinyMLP
+from ..models import TinyMLP
+from ..rankworker import not_implemented
+from .reference import (BUCKET_CAPS, DATA_SIZE, GLOBAL_BATCH, LR, MOMENTUM, STEPS, batch, dataset,
+                        grads_of, named_state, seeded_model)
 
 STAGES = ("api", "naive", "flat", "overlap", "buckets")
+
+
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce", "reduce_scatter", "barrier",
                "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce_coalesced",
                "all_to_all", "scatter", "gather")
-IN_FEATURES = {"tied": 12, "bn": 10}
-LOCAL_BATCH, STEPS, LR, MOMENTUM = 4, 3, 0.1, 0.9
-BUCKET_CAPS = {"tied": 600, "bn": 300}  # bytes: "bn" has fc1.weight (640 bytes) above its cap
-DATA_SIZE, GLOBAL_BATCH = 50, 12         # partition_dataset: 4 steps with 2 ranks and with 3
-
-
-# ---------------------------------------------------------------- shared with the checker
-def make_model(name):
-    return FrozenTiedNet() if name == "tied" else BNNet()
-
-
-def seeded_model(name, seed):
-    """A model initialised from ``seed``; BNNet also gets running statistics from a batch."""
-    torch.manual_seed(seed)
-    model = make_model(name)
-    if name == "bn":
-        with torch.no_grad():
-            model(torch.randn(8, IN_FEATURES["bn"]) * 2 + 1)
-    return model
-
-
-def batch(name, step, rank, micro=0):
-    """The deterministic local batch (x, y) of ``rank`` at ``step`` (micro-batch ``micro``)."""
-    g = torch.Generator().manual_seed(10007 * step + 101 * rank + 7 * micro + len(name))
-    return torch.randn(LOCAL_BATCH, IN_FEATURES[name], generator=g), \
-        torch.randint(0, 3, (LOCAL_BATCH,), generator=g)
-
-
-def dataset():
-    """The dataset given to partition_dataset: (x, y, index) triples."""
-    g = torch.Generator().manual_seed(5)
-    return (torch.randn(DATA_SIZE, IN_FEATURES["bn"], generator=g),
-            torch.randint(0, 3, (DATA_SIZE,), generator=g), torch.arange(DATA_SIZE))
-
-
-def named_state(model):
-    """``{name: array}`` of the parameters (tied ones once) and buffers."""
-    items = list(model.named_parameters()) + list(model.named_buffers())
-    return {k: v.detach().cpu().numpy().copy() for k, v in items}
-
-
-def replay(name, init, steps):
-    """Single-process SGD on the combined batches; BatchNorm statistics per rank.
-
-    Args:
-        name: "tied" or "bn".
-        init: ``named_state`` to start from.
-        steps: per step, per rank, a list of micro-batches ``(x, y)`` (several: accumulated).
-    Returns:
-        (parameters, per-rank buffers, gradients of the first step), dicts of arrays.
-    """
-    model = make_model(name)
-    model.load_state_dict({k: torch.as_tensor(v) for k, v in init.items()}, strict=False)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    buffers = [{k: b.clone() for k, b in model.named_buffers()} for _ in steps[0]]
-    grads = None
-    for per_rank in steps:
-        opt.zero_grad(set_to_none=True)
-        for rank, micros in enumerate(per_rank):
-            with torch.no_grad():
-                for k, b in model.named_buffers():
-                    b.copy_(buffers[rank][k])
-            for x, y in micros:
-                (F.cross_entropy(model(torch.as_tensor(x)), torch.as_tensor(y))
-                 / len(per_rank)).backward()
-            buffers[rank] = {k: b.clone() for k, b in model.named_buffers()}
-        if grads is None:
-            grads = _grads(model)
-        opt.step()
-    params = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
-    return params, [{k: v.numpy() for k, v in b.items()} for b in buffers], grads
-
-
-def reference(name, out, size, no_sync_first=False):
-    """replay() of the batches the probe gave each rank (step 0: two if no_sync_first)."""
-    return replay(name, out["init"], [
-        [([batch(name, 0, r, 1)] if step == 0 and no_sync_first else [])
-         + [batch(name, step, r)] for r in range(size)] for step in range(STEPS)])
-
-
-def grad_params(name):
-    """[(name, numel)] of the parameters that require a gradient (tied ones once)."""
-    return [(n, p.numel()) for n, p in make_model(name).named_parameters() if p.requires_grad]
-
-
-def expected_buckets(name):
-    """BucketDDP's buckets (names) for the model ``name`` and its cap in BUCKET_CAPS."""
-    cap, buckets, used = BUCKET_CAPS[name], [], 0
-    for pname, numel in reversed(grad_params(name)):
-        if buckets and used + 4 * numel <= cap:
-            buckets[-1].append(pname)
-            used += 4 * numel
-        else:
-            buckets.append([pname])
-            used = 4 * numel
-    return buckets
-
-
-def _grads(model):
-    return {k: p.grad.detach().cpu().numpy().copy() for k, p in model.named_parameters()
-            if p.grad is not None}
 
 
 # ---------------------------------------------------------------- recording collectives
@@ -234,10 +134,7 @@ def _try(student, fn):
     try:
         return fn()
     except NotImplementedError as exc:
-        frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)
-                  if frame.f_code.co_filename == student.__file__]
-        code = frames[-1].f_code if frames else None
-        return {"todo": getattr(code, "co_qualname", code.co_name) if code else "your code"}
+        return not_implemented(student, exc)
 
 
 def _init(student, ctx, gloo_timeout):
@@ -323,7 +220,7 @@ def _probe_reduce(function):
                 rec.take()
                 getattr(student, function)(list(model.parameters()))
                 steps.append(rec.take())
-                grads = grads or _grads(model)
+                grads = grads or grads_of(model)
                 opt.step()
             out[name] = {"init": init, "final": named_state(model), "events": steps,
                          "grads": grads}
@@ -355,7 +252,7 @@ def _train_ddp(student, ctx, rec, name, make_ddp, no_sync_first=False):
         rec.mark("backward_done")
         ddp.finish_gradient_synchronization()
         steps.append(rec.take())
-        grads = grads or _grads(model)
+        grads = grads or grads_of(model)
         opt.step()
     return ddp, {"init": init, "after_init": after_init, "final": named_state(model),
                  "events": steps, "grads": grads}
@@ -382,4 +279,3 @@ def probe_buckets(student, ctx, rec, progress):
 PROBES = {"api": probe_api, "naive": _probe_reduce("allreduce_naive"),
           "flat": _probe_reduce("allreduce_flat"), "overlap": probe_overlap,
           "buckets": probe_buckets}
-

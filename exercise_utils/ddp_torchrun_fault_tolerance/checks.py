@@ -1,10 +1,9 @@
 """Checkers of notebook 05: the student's torchrun ``Trainer``, then its snapshots and restarts.
 
-Both run ``work/05_trainer.py`` under torchrun with 2 CPU workers through this module's
-worker entry point (``python -m exercise_utils.checks_ddp``), which imports the student file,
-records what the workers do (``set_epoch`` before each epoch's iteration, every
-``torch.save`` / ``torch.load`` and on which rank) and then runs
-:func:`exercise_utils.ddp_run.main` exactly as the student's own launch does.
+Both run ``work/05_trainer.py`` under torchrun with 2 CPU workers through the worker entry
+point of :mod:`.probes`, which imports the student file, records what the workers do
+(``set_epoch`` before each epoch's iteration, every ``torch.save`` / ``torch.load`` and on
+which rank) and then runs :func:`.runner.main` exactly as the student's own launch does.
 
 :func:`check_trainer` (``ddp_setup``, ``Trainer.__init__``, ``run_epoch``): one run without
 snapshots: it trains every epoch, a new shuffle each epoch (``set_epoch``), and the replicas
@@ -21,13 +20,12 @@ C. rank 1 killed in the middle of an epoch, one restart: must end with A's param
 Used in 05_ddp_torchrun_fault_tolerance.
 """
 import json
-import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 
-from .config import quick
+from ..config import quick
+from . import probes
 
 TIMEOUT = quick(120, 90)     # seconds per torchrun job before it is declared hung
 RUN = ["--data", "synthetic", "--train-size", "256", "--epochs", "3", "--batch-size", "16",
@@ -36,67 +34,9 @@ RUN = ["--data", "synthetic", "--train-size", "256", "--epochs", "3", "--batch-s
 STEPS_PER_EPOCH = 8          # 256 examples / 2 workers / 16 per step
 
 
-# ---------------------------------------------------------------- worker side (torchrun)
-def _record_path(folder):
-    rank, attempt = os.environ.get("RANK", "0"), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return Path(folder) / f"rank{rank}_attempt{attempt}.json"
-
-
-def _install_recorders(student, log, flush=lambda: None):
-    """Record set_epoch / iteration epochs of DistributedSampler, torch.save and torch.load."""
-    import torch
-    from torch.utils.data import DistributedSampler
-    set_epoch, iterate = DistributedSampler.set_epoch, DistributedSampler.__iter__
-    save, load = torch.save, torch.load
-
-    def recorded_set_epoch(self, epoch):
-        log["set_epoch"].append(int(epoch))
-        return set_epoch(self, epoch)
-
-    def recorded_iter(self):
-        log["iterated"].append(int(self.epoch))
-        return iterate(self)
-
-    def recorded_save(obj, f, *args, **kwargs):
-        if isinstance(f, (str, os.PathLike)):            # not in-memory saves of pickled tensors
-            log["saves"].append(str(f))
-            flush()        # on disk now: a rank killed later (racing writers) still reports it
-        return save(obj, f, *args, **kwargs)
-
-    def recorded_load(f, *args, **kwargs):
-        if isinstance(f, (str, os.PathLike)):            # not in-memory loads of pickled tensors
-            where = kwargs.get("map_location", args[0] if args else None)
-            log["loads"].append({"path": str(f), "map_location": str(where)})
-        return load(f, *args, **kwargs)
-    DistributedSampler.set_epoch, DistributedSampler.__iter__ = recorded_set_epoch, recorded_iter
-    torch.save, torch.load = recorded_save, recorded_load
-    for key, value in list(vars(student).items()):      # names imported from torch
-        if value is save:
-            setattr(student, key, recorded_save)
-        elif value is load:
-            setattr(student, key, recorded_load)
-
-
-def worker_main(argv=None):
-    """Entry point of every checked worker: record, then run the student's trainer."""
-    from . import ddp_run
-    from .rankworker import load_student
-    argv = list(sys.argv[1:] if argv is None else argv)
-    student_path, record_dir = argv[1], argv[3]          # --student PATH --records DIR ...
-    student = load_student(student_path)
-    log = {"set_epoch": [], "iterated": [], "saves": [], "loads": []}
-    _install_recorders(student, log,
-                       lambda: _record_path(record_dir).write_text(json.dumps(log)))
-    try:
-        ddp_run.main(student.ddp_setup, student.Trainer, argv[4:])
-    finally:
-        _record_path(record_dir).write_text(json.dumps(log))
-
-
-# ---------------------------------------------------------------- checker (in the kernel)
 def _run(path, folder, name, extra_run=(), restarts=0, timeout=TIMEOUT):
     """One torchrun job of 2 workers; return (launch result, final state, records)."""
-    from . import launch
+    from .. import launch
     import torch
     records = Path(folder) / f"records_{name}"
     records.mkdir()
@@ -104,7 +44,7 @@ def _run(path, folder, name, extra_run=(), restarts=0, timeout=TIMEOUT):
     args = ["--student", str(Path(path).resolve()), "--records", str(records), *RUN,
             "--snapshot", str(snap), "--out", str(out), *extra_run]
     try:
-        result = launch.torchrun("exercise_utils.checks_ddp", 2, args, timeout=timeout,
+        result = launch.torchrun(probes.__name__, 2, args, timeout=timeout,
                                  extra=["--max-restarts", str(restarts), "-m"], echo=False,
                                  what=f"your trainer under torchrun ({name})")
     except launch.LaunchTimeout as err:
@@ -269,7 +209,3 @@ def _check_resumed(final, want, logs, what):
                 "uninterrupted run. A resumed run must continue exactly: restore the model, "
                 "the optimizer (momentum), the scheduler, the counters and each rank's random "
                 "state from the snapshot")
-
-
-if __name__ == "__main__":
-    worker_main()

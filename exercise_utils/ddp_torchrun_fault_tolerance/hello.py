@@ -8,10 +8,11 @@ DistributedDataParallel model for ``STEPS`` SGD steps on its own random batch an
 worker's record (gathered with all_gather_object). Needs only torch: copy it to a cluster.
 
 Two "nodes" on one machine (run each line in its own terminal, or use
-``exercise_utils.multinode.two_agents``)::
+``exercise_utils.ddp_torchrun_fault_tolerance.multinode.two_agents``)::
 
     torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d \
-        --rdzv-endpoint=127.0.0.1:29500 --rdzv-id=hello exercise_utils/ddp_hello.py --out work/05_hello.json
+        --rdzv-endpoint=127.0.0.1:29500 --rdzv-id=hello \
+        exercise_utils/ddp_torchrun_fault_tolerance/hello.py --out work/05_hello.json
 
 On real hosts replace 127.0.0.1 by the first host's address (``multinode.cluster_commands``).
 Used in 05_ddp_torchrun_fault_tolerance.
@@ -125,7 +126,7 @@ def main(argv=None):
                 json.dump({"world_size": w, "steps": args.steps, "records": records}, f, indent=1)
     dist.barrier()
     # DDP models left in reference cycles still hold the group: free them now, or gloo's
-    # threads may abort the process at interpreter exit (SIGABRT; see ddp_run.main)
+    # threads may abort the process at interpreter exit (SIGABRT; see runner.main)
     gc.collect()
     dist.destroy_process_group()
 

@@ -1,9 +1,10 @@
 """Uneven inputs under DDP: the hang, ``model.join()`` as the fix, notebook 03's "min steps".
 
-Launch: ``python -m torch.distributed.run --nproc-per-node 2 -m exercise_utils.ddp_join --mode
-join --out r.json`` (or :func:`demo`). Each worker: the same seeded ``nn.Linear`` in DDP (gloo
-default group, timeout ``--gloo-timeout`` s), SGD over ITS OWN share of a synthetic data set:
-with the 70/30 split, rank 0 has 14 batches and rank 1 has 6. Modes:
+Launch: ``python -m torch.distributed.run --nproc-per-node 2 -m
+exercise_utils.ddp_torchrun_fault_tolerance.join --mode join --out r.json`` (or :func:`demo`).
+Each worker: the same seeded ``nn.Linear`` in DDP (gloo default group, timeout
+``--gloo-timeout`` s), SGD over ITS OWN share of a synthetic data set: with the 70/30 split,
+rank 0 has 14 batches and rank 1 has 6. Modes:
 
 * ``hang``: the plain loop (DDP all-reduces the gradient inside ``backward()``). Rank 1 runs
   out of batches and goes on to the script's final ``dist.barrier()``; rank 0 waits in DDP's
@@ -35,9 +36,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import launch
-from .bench import format_table, save_json
-from .config import quick
+from .. import launch, processes
+from ..bench import format_table, save_json
+from ..config import quick
 
 SAMPLES = 160          # synthetic samples shared out between the ranks
 SPLIT = "0.7,0.3"      # fraction of the samples per rank (notebook 03's 70/30)
@@ -164,8 +165,8 @@ def demo(mode, timeout=TIMEOUT, echo=True, gloo_timeout=GLOO_TIMEOUT, out_dir="r
     args = ["--mode", mode, "--gloo-timeout", str(gloo_timeout), "--out", str(out), *extra]
     start, result = time.monotonic(), {"mode": mode, "hung": False, "gloo_timeout": gloo_timeout}
     try:
-        launch.torchrun("exercise_utils.ddp_join", 2, args, extra=["-m"], timeout=timeout,
-                        echo=echo, what=f"`torchrun -m exercise_utils.ddp_join --mode {mode}`")
+        launch.torchrun(__name__, 2, args, extra=["-m"], timeout=timeout, echo=echo,
+                        what=f"`torchrun -m {__name__} --mode {mode}`")
         result.update(json.loads(out.read_text()))
     except launch.LaunchTimeout as err:
         if mode != "hang":
@@ -185,7 +186,7 @@ def demo(mode, timeout=TIMEOUT, echo=True, gloo_timeout=GLOO_TIMEOUT, out_dir="r
     result["launch_seconds"] = time.monotonic() - start
     if mode == "hang":
         result.update(seconds=result["launch_seconds"], left_processes=[p.pid for p in
-                      launch.tagged_processes(lambda tag: tag.startswith(f"{os.getpid()}:"))])
+                      processes.tagged_processes(lambda tag: tag.startswith(f"{os.getpid()}:"))])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))     # the summary replaces rank 0's file
     return result

@@ -4,8 +4,9 @@ A torchrun script that trains :class:`~exercise_utils.models.DropoutNet` on a Fa
 subset with ``DistributedDataParallel`` (gloo, CPU), ``DistributedSampler`` + ``set_epoch`` and
 ``B`` examples per worker and step, so ``k`` workers take ``k`` times fewer steps per epoch::
 
-    python -m torch.distributed.run --nproc-per-node 4 -m exercise_utils.lr_scaling \
-        --rule linear --warmup-epochs 1 --out results/05_lr_k4.json
+    python -m torch.distributed.run --nproc-per-node 4 \
+        -m exercise_utils.ddp_torchrun_fault_tolerance.lr_scaling --rule linear --warmup-epochs 1 \
+        --out results/05_lr_k4.json
 
 ``--rule none`` keeps the base learning rate whatever ``k`` (the seed report's setting);
 ``--rule linear`` multiplies it by ``k`` (Goyal et al. 2017, "Accurate, Large Minibatch SGD"),
@@ -26,8 +27,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from .bench import save_figure
-from .config import quick
+from ..bench import pyplot, save_figure
+from ..config import quick
 
 TRAIN_SIZE = quick(8000, 512)   # training examples shared by the workers
 TEST_SIZE = quick(10000, 500)   # test examples (rank 0 evaluates)
@@ -104,7 +105,7 @@ def train_one(args, seed, train, test, rank, k):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-    from .models import DropoutNet
+    from ..models import DropoutNet
 
     torch.manual_seed(seed)                       # same initial weights everywhere (DDP also
     model = DDP(DropoutNet())                     # broadcasts rank 0's at construction)
@@ -165,7 +166,7 @@ def main(argv=None):
     import torch
     import torch.distributed as dist
 
-    from .data import load_dataset
+    from ..data import load_dataset
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
@@ -180,7 +181,7 @@ def main(argv=None):
         dist.barrier()
     finally:
         # DDP models left in reference cycles still hold the group: free them now, or gloo's
-        # threads may abort the process at interpreter exit (SIGABRT; see ddp_run.main)
+        # threads may abort the process at interpreter exit (SIGABRT; see runner.main)
         gc.collect()
         dist.destroy_process_group()
 
@@ -201,16 +202,15 @@ def run(k, rule="none", warmup_epochs=0.0, seeds=SEEDS, out=None, extra=(), echo
         list[dict]: rows with workers, rule, steps_per_epoch, peak_lr, accuracy, ...;
         ``wall_s`` is the whole launch (start-up included) divided by the number of seeds.
     """
-    from . import launch
+    from .. import launch
     out = Path(out or f"results/05_lr_k{k}_{rule}.json")
     if out.exists():
         out.unlink()
     args = ["--rule", rule, "--warmup-epochs", str(warmup_epochs), "--threads", str(THREADS),
             "--seeds", *map(str, seeds), "--out", str(out), *map(str, extra)]
-    res = launch.torchrun("exercise_utils.lr_scaling", k, args, extra=["-m"], timeout=timeout,
-                          echo=echo, threads_per_process=THREADS,
-                          what=f"`torchrun --nproc-per-node {k} -m exercise_utils.lr_scaling "
-                               f"--rule {rule}`")
+    res = launch.torchrun(__name__, k, args, extra=["-m"], timeout=timeout, echo=echo,
+                          threads_per_process=THREADS,
+                          what=f"`torchrun --nproc-per-node {k} -m {__name__} --rule {rule}`")
     rows = json.loads(out.read_text())["rows"]
     for row in rows:
         row["wall_s"] = res.seconds / len(rows)
@@ -270,17 +270,13 @@ FORMATS = {"peak_lr": ".3g", "accuracy": ".4f", "acc_min": ".4f", "acc_max": ".4
 
 def table(rows):
     """Text table of :func:`sweep` rows, summarised over seeds by :func:`summary`."""
-    from .bench import format_table
+    from ..bench import format_table
     return format_table(summary(rows), COLUMNS, FORMATS)
 
 
 def plot(rows, path="results/05_lr_scaling.png"):
     """Test accuracy against workers, one line per setting (mean over seeds, min-max bars)."""
-    import matplotlib
-    from .bench import _interactive
-    if not _interactive():
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     summ = summary(rows)
     one = [s for s in summ if s["workers"] == 1]
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -19,8 +19,8 @@ import shlex
 import sys
 import uuid
 
-from . import launch, launch_many
-from .config import quick
+from .. import launch, launch_many
+from ..config import quick
 
 TIMEOUT = quick(120, 60)   # seconds for a whole two-agent job (both agents together)
 LABELS = ("node a", "node b")
@@ -152,19 +152,19 @@ def slurm_script(nodes, gpus_per_node, script, args=(), nproc_per_node=None, job
 
 
 def load_report(path):
-    """Read the JSON written by ``ddp_hello.py --out``."""
+    """Read the JSON written by ``hello.py --out`` (:mod:`.hello`)."""
     with open(path) as f:
         return json.load(f)
 
 
 def verify_job(report, nnodes, nproc_per_node, expected_params=None, atol=1e-6):
-    """Check that a ddp_hello report comes from ONE correct multi-node job.
+    """Check that a :mod:`.hello` report comes from ONE correct multi-node job.
 
     Checks: every worker saw WORLD_SIZE = nnodes * nproc_per_node; the ranks are 0..W-1,
     each once; there are ``nnodes`` distinct GROUP_RANKs with ``nproc_per_node`` workers
     each and local ranks 0..nproc-1 on each; every all_reduce gave W(W+1)/2; all replicas
     have identical parameters after the DDP steps (and, if given, equal to
-    ``expected_params``, e.g. ``ddp_hello.reference_params(W)``).
+    ``expected_params``, e.g. ``hello.reference_params(W)``).
 
     Raises:
         AssertionError: naming what is wrong.

@@ -23,7 +23,7 @@ import os
 import random
 import signal
 
-from .config import quick
+from ..config import quick
 
 EXIT_CRASH = 13      # exit code of an injected crash
 
@@ -126,7 +126,7 @@ def loss_fn(output, target):
 def make_model(name):
     """The run's network: DropoutNet (the seed's CNN, written correctly) or a small MLP."""
     import torch.nn as nn
-    from .models import DropoutNet
+    from ..models import DropoutNet
     if name == "cnn":
         return DropoutNet()
     if name == "mlp":
@@ -138,7 +138,7 @@ def make_model(name):
 def make_data(config, verbose=False):
     """The training set as a TensorDataset (the same on every worker)."""
     from torch.utils.data import TensorDataset
-    from .data import load_dataset
+    from ..data import load_dataset
     ds = load_dataset(config.data, "train", subset=config.train_size, seed=config.seed,
                       verbose=verbose)
     return TensorDataset(ds.x, ds.y)

@@ -2,7 +2,8 @@
 
 Launch::
 
-    mpiexec -n 2 python -m exercise_utils.bench_mpi --out results/01_pickle_vs_buffer.json
+    mpiexec -n 2 python -m exercise_utils.mpi_parallel_sgd.bench \
+        --out results/01_pickle_vs_buffer.json
 
 For each array size it times ``comm.bcast(obj)`` vs ``comm.Bcast(array)`` and
 ``comm.allreduce(obj)`` vs ``comm.Allreduce(array)``: warm-up, repeats, the slowest
@@ -15,8 +16,8 @@ import time
 
 import numpy as np
 
-from .bench import save_json
-from .config import quick
+from ..bench import save_json
+from ..config import quick
 
 SIZES_MB = quick([1, 4, 16, 64], [1, 4])   # array sizes (MiB of float64)
 REPEATS = quick(7, 3)                       # timed repeats per size (median reported)

@@ -7,16 +7,16 @@ speedup and test accuracy, and saves a plot.
 
 Launch::
 
-    python -m exercise_utils.demo [--procs 1 2 4] [--out results/demo]
+    python -m exercise_utils.mpi_parallel_sgd.demo [--procs 1 2 4] [--out results/demo]
 
-Used by ``make demo``.
+Used in 01_mpi_parallel_sgd (by ``make demo``).
 """
 import argparse
 import time
 from pathlib import Path
 
-from . import mpi_experiments
-from .notebook_files import extract_writefiles
+from . import experiments
+from ..notebook_files import extract_writefiles
 
 SOLUTION = Path("solutions/01_mpi_parallel_sgd.ipynb")   # the reference solution (repo root)
 
@@ -32,12 +32,12 @@ def main(argv=None):
     work = Path(args.out) / "work"
     extract_writefiles(args.solution, work)
     start = time.perf_counter()
-    rows = mpi_experiments.scaling(tuple(args.procs), work=str(work), out_dir=args.out,
+    rows = experiments.scaling(tuple(args.procs), work=str(work), out_dir=args.out,
                                    echo=False)
     print()
-    print(mpi_experiments.scaling_table(rows))
+    print(experiments.scaling_table(rows))
     plot = Path(args.out) / "scaling.png"
-    mpi_experiments.plot_scaling(rows, plot)
+    experiments.plot_scaling(rows, plot)
     print(f"\nplot: {plot}   ({time.perf_counter() - start:.0f} s in all)")
     print("Why the speedup is what it is: see section 6 of notebooks/01_mpi_parallel_sgd.ipynb.")
 

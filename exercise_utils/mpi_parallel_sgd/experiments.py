@@ -1,17 +1,17 @@
 """The experiments of notebook 01, run with ``mpiexec`` and summarised as tables and plots.
 
-Each experiment launches :mod:`exercise_utils.mpi_sgd` (or :mod:`exercise_utils.bench_mpi`)
-through :func:`exercise_utils.launch.mpiexec`, so a hang or crash is killed with all its
-processes and reported.
+Each experiment launches :mod:`.train` (or :mod:`.bench`) through
+:func:`exercise_utils.launch.mpiexec`, so a hang or crash is killed with all its processes
+and reported.
 
 Used in 01_mpi_parallel_sgd and by ``make demo``.
 """
 import os
 from pathlib import Path
 
-from . import launch
-from .bench import format_table, line_plot, load_json
-from .config import quick
+from .. import launch
+from ..bench import format_table, line_plot, load_json
+from ..config import quick
 
 TIMEOUT = quick(900, 60)    # seconds before a training run is declared hung and killed
 
@@ -20,14 +20,14 @@ def run_training(procs, mode="gradient", work="work", out_dir="results", extra=(
                  timeout=TIMEOUT, name=None):
     """Train with ``procs`` MPI processes; return the result dict written by rank 0.
 
-    ``extra`` holds more options of :mod:`exercise_utils.mpi_sgd` (e.g. ``("--epochs", "5")``);
+    ``extra`` holds more options of :mod:`.train` (e.g. ``("--epochs", "5")``);
     ``name`` names the JSON file (default: the mode).
     """
     out = Path(out_dir) / f"01_{name or mode}_n{procs}.json"
     if out.exists():
         out.unlink()
-    launch.mpiexec("exercise_utils.mpi_sgd", procs, ["--work", work, "--mode", mode, "--out",
-                   out, *extra], module=True, timeout=timeout, echo=echo)
+    launch.mpiexec(f"{__package__}.train", procs, ["--work", work, "--mode", mode, "--out", out,
+                                                   *extra], module=True, timeout=timeout, echo=echo)
     return load_json(out)
 
 
@@ -110,8 +110,8 @@ def averaging_table(rows):
 
 
 def pickle_vs_buffer(procs=2, out="results/01_pickle_vs_buffer.json", extra=(), echo=True):
-    """Run :mod:`exercise_utils.bench_mpi`; return its rows."""
-    launch.mpiexec("exercise_utils.bench_mpi", procs, ["--out", out, *extra], module=True,
+    """Run :mod:`.bench`; return its rows."""
+    launch.mpiexec(f"{__package__}.bench", procs, ["--out", out, *extra], module=True,
                    timeout=TIMEOUT, echo=echo)
     return load_json(out)["rows"]
 

@@ -2,7 +2,8 @@
 
 Launch (from the folder that holds ``work/``)::
 
-    mpiexec -n 4 python -m exercise_utils.mpi_sgd --work work --mode gradient --out results/01_n4.json
+    mpiexec -n 4 python -m exercise_utils.mpi_parallel_sgd.train --work work --mode gradient \
+        --out results/01_n4.json
 
 ``--mode gradient``: synchronous SGD, gradients averaged with one Allreduce per step.
 ``--mode model``: one-shot model averaging, as in the seed tutorial: every rank trains
@@ -22,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import quick
+from ..config import quick
 
 # Settings (each overridable on the command line, e.g. --epochs 5).
 DATASET = "auto"                    # mnist when present, else fashion-mnist (load_dataset)
@@ -63,7 +64,7 @@ def load_work(folder, mode):
     Returns:
         dict: short name ("shards", "broadcast", ...) -> module.
     """
-    from .rankworker import load_student
+    from ..rankworker import load_student
     files = [f for f in FILES if mode == "model" or f != "01_model_averaging"]
     missing = [f for f in files if not (Path(folder) / f"{f}.py").exists()]
     if missing:
@@ -87,8 +88,8 @@ def train(args, comm, work):
     import torch
     import torch.nn.functional as F
     from mpi4py import MPI
-    from .data import load_dataset
-    from .models import MPINet
+    from ..data import load_dataset
+    from ..models import MPINet
     rank, size = comm.Get_rank(), comm.Get_size()
     train_set = test_set = None
     if rank == 0:

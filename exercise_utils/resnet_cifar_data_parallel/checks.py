@@ -1,172 +1,33 @@
 """Checkers of notebook 04: ``rank_process`` and the data-parallel ``train``.
 
-Both run the student's ``work/04_cifar_dp.py`` in 2 fresh processes (the student's own
-``rank_process`` sets up the TCPStore and the gloo process group). The probes record, inside
-those processes, what the trainer's parts from :mod:`exercise_utils.cifar_tricks` and the
-model saw: every minibatch each rank trained on, the parameters at the first and the last
-step, which ranks built and updated an EMA model and which validated. The checker then
-replays single-process training on the combined batches (rank 0's minibatch, then rank 1's,
-step by step) and demands the same parameters. Ghost BatchNorm (statistics per ghost batch of
-8 examples, one ghost batch per minibatch) makes that equality exact up to rounding.
+Both run the student's ``work/04_cifar_dp.py`` in 2 fresh processes through the probes of
+:mod:`.probes`, which record what the trainer's parts from :mod:`.tricks` and the model saw:
+every minibatch each rank trained on, the parameters at the first and the last step, which
+ranks built and updated an EMA model and which validated. The checker then replays
+single-process training on the combined batches (rank 0's minibatch, then rank 1's, step by
+step) and demands the same parameters. Ghost BatchNorm (statistics per ghost batch of 8
+examples, one ghost batch per minibatch) makes that equality exact up to rounding.
 
 Used in 04_resnet_cifar_data_parallel.
 """
-import dataclasses
-import os
-import time
-import traceback
-
 import numpy as np
 import torch
 
-from . import cifar_dp, cifar_tricks, models
-from .config import quick
-from .harness import assert_close, run_ranks
+from ..config import quick
+from ..harness import assert_close, run_ranks
+from . import probes, runner, tricks
+from .probes import CONFIG, MINIBATCH, ORIGINAL, WORLD, params
 
-MODULE = "exercise_utils.checks_cifar"
 TIMEOUT = quick(120, 90)      # seconds before a check is declared hung
-WORLD = 2
-MINIBATCH = 8                 # examples per rank and step (= one ghost batch)
-# 47 examples: 23 per rank, 2 minibatches each (7 left over). Giving the last rank "the rest"
-# (24) or striding (24 / 23) gives one rank a third minibatch: the classic hang.
-CONFIG = cifar_dp.TrainConfig(
-    data="synthetic-cifar10", train_size=WORLD * (3 * MINIBATCH - 1) + 1, test_size=32, epochs=2,
-    batch_size=WORLD * MINIBATCH, width=4, ghost_size=MINIBATCH, ema_every=2,
-    whitening_examples=40, augment=False, amp=False, seed=3, timeout_s=quick(30, 20), threads=1)
 HANG_HINT = ("\nA rank that runs more minibatches than the others waits forever in all_reduce "
              "(until the timeout): give every rank the same number of examples (drop the "
              "remainder) so that every rank runs the same number of minibatches.")
 
 
-# ---------------------------------------------------------------- recording (in the ranks)
-class _Record:
-    def __init__(self):
-        self.epochs, self.init, self.model, self.ema_made, self.ema_updates = [], None, None, 0, 0
-        self.evaluations, self.train_calls, self.backend, self.device = 0, 0, None, None
-
-
-REC = _Record()
-
-
-class _RecordedModel(models.ResNetBagOfTricks):
-    def forward(self, x):
-        if self.training and torch.is_grad_enabled() and REC.init is None:
-            REC.init, REC.model = _params(self), self
-        return super().forward(x)
-
-
-class _RecordedEMA(cifar_tricks.EMA):
-    def __init__(self, *args, **kwargs):
-        REC.ema_made += 1
-        super().__init__(*args, **kwargs)
-
-    def update(self, model):
-        REC.ema_updates += 1
-        return super().update(model)
-
-
-def _recorded_minibatches(*args, **kwargs):
-    epoch = []
-    REC.epochs.append(epoch)
-    for xb, yb in _ORIGINAL["minibatches"](*args, **kwargs):
-        epoch.append((xb.detach().cpu().numpy().copy(), yb.detach().cpu().numpy().copy()))
-        yield xb, yb
-
-
-def _recorded_evaluate(*args, **kwargs):
-    REC.evaluations += 1
-    return _ORIGINAL["evaluate"](*args, **kwargs)
-
-
-_ORIGINAL = {"ResNetBagOfTricks": models.ResNetBagOfTricks, "EMA": cifar_tricks.EMA,
-             "minibatches": cifar_tricks.minibatches, "evaluate": cifar_tricks.evaluate}
-_REPLACEMENT = {"ResNetBagOfTricks": _RecordedModel, "EMA": _RecordedEMA,
-                "minibatches": _recorded_minibatches, "evaluate": _recorded_evaluate}
-
-
-def _install(student):
-    """Replace the trainer's parts by recording ones, also where the student imported names."""
-    models.ResNetBagOfTricks = _RecordedModel
-    for name in ("EMA", "minibatches", "evaluate"):
-        setattr(cifar_tricks, name, _REPLACEMENT[name])
-    for key, value in list(vars(student).items()):
-        for name, original in _ORIGINAL.items():
-            if value is original:
-                setattr(student, key, _REPLACEMENT[name])
-
-
-def _params(model):
-    return {k: v.detach().cpu().numpy().copy() for k, v in model.named_parameters()}
-
-
-def _error_text(exc, student):
-    """The error and the traceback lines in the student's file (else the last three)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    mine = [f for f in frames if f.filename == student.__file__] or frames[-3:]
-    return f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_list(mine))
-
-
-def probe_train(student, ctx, config):
-    """Run the student's rank_process with recording parts; report what each rank did."""
-    config = dataclasses.replace(config, master_port=int(os.environ["MASTER_PORT"]))
-    torch.manual_seed(1000 + ctx.rank)      # the ranks' global random states differ
-    _install(student)
-    error, when = None, None
-    try:
-        student.rank_process(ctx.rank, ctx.size, config)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - reported with the counts, see check_train
-        error, when = _error_text(exc, student), time.time()
-    final = _params(REC.model) if REC.model is not None else None
-    return dict(error=error, error_time=when, epochs=REC.epochs, init=REC.init, final=final,
-                ema_made=REC.ema_made, ema_updates=REC.ema_updates, evaluations=REC.evaluations)
-
-
-def probe_rank_process(student, ctx, config, ports):
-    """Run rank_process with a stand-in train (a correct one, and one that raises)."""
-    import torch.distributed as dist
-    seen = []
-
-    def fake_train(rank, world_size, cfg, device):
-        seen.append(dict(rank=rank, world_size=world_size, device=str(device),
-                         backend=dist.get_backend(), group_rank=dist.get_rank(),
-                         group_size=dist.get_world_size()))
-        t = torch.tensor([float(rank + 1)])
-        dist.all_reduce(t)
-        seen[-1]["sum"] = float(t)
-        if cfg.seed == 666:
-            raise KeyError("train failed on purpose")
-        return {"rank": rank, "ok": True}
-
-    student.train = fake_train
-    out = {}
-    for case, port in zip(("returns", "raises"), ports):
-        cfg = dataclasses.replace(config, master_port=port, seed=666 if case == "raises" else 0)
-        try:
-            out[case] = {"value": student.rank_process(ctx.rank, ctx.size, cfg)}
-        except NotImplementedError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            out[case] = {"raised": f"{type(exc).__name__}: {exc}"}
-        out[case]["seen"] = seen[-1] if seen else None
-        out[case]["still_initialized"] = dist.is_initialized()
-        if dist.is_initialized():
-            # Tidy up what the student left (a live gloo group aborts the process at exit,
-            # which could kill the other rank before it reports); the ranks are in step here.
-            try:
-                dist.barrier()
-            finally:
-                dist.destroy_process_group()
-            break
-    return out
-
-
-# ---------------------------------------------------------------- checkers (in the kernel)
 def check_rank_process(path, timeout=TIMEOUT):
     """Check ``rank_process``: store, gloo group of 2, train called, group destroyed."""
-    from .launch import free_port
-    res = run_ranks(path, f"{MODULE}:probe_rank_process", WORLD, "none",
+    from ..launch import free_port
+    res = run_ranks(path, probes.probe_rank_process, WORLD, "none",
                     kwargs=dict(config=CONFIG, ports=_two_ports(free_port)), timeout=timeout,
                     what="rank_process with 2 ranks")
     for rank, out in enumerate(res):
@@ -210,7 +71,7 @@ def _two_ports(free_port):
 def check_train(path, timeout=TIMEOUT):
     """Check the data-parallel ``train``: equal to single-process training on the whole batch."""
     try:
-        res = run_ranks(path, f"{MODULE}:probe_train", WORLD, "none",
+        res = run_ranks(path, probes.probe_train, WORLD, "none",
                         kwargs=dict(config=CONFIG), timeout=timeout,
                         what="rank_process + train with 2 gloo ranks")
     except AssertionError as err:
@@ -257,7 +118,7 @@ def _check_counts(res):
 
 
 def _check_slices(res):
-    train = cifar_dp.load_data(CONFIG, "train", verbose=False)
+    train = runner.load_data(CONFIG, "train", verbose=False)
     index = {row.tobytes(): i for i, row in enumerate(train.x.numpy())}
     for epoch in range(len(res[0]["epochs"])):
         owner = {}
@@ -284,23 +145,23 @@ def replay(res, config):
     """Single-process training on the combined minibatches the ranks recorded."""
     steps = len(res[0]["epochs"][0])
     init = {k: torch.from_numpy(v) for k, v in res[0]["init"].items()}
-    model = _ORIGINAL["ResNetBagOfTricks"](init["whiten.weight"], width=config.width,
+    model = ORIGINAL["ResNetBagOfTricks"](init["whiten.weight"], width=config.width,
                                            ghost_size=config.ghost_size)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(init[name])
-    opt, schedule = cifar_tricks.make_optimizer(model, config.batch_size, config.epochs * steps,
+    opt, schedule = tricks.make_optimizer(model, config.batch_size, config.epochs * steps,
                                                 lr=config.lr, weight_decay=config.weight_decay)
     for epoch in range(len(res[0]["epochs"])):
         for step in range(steps):
             xb = torch.from_numpy(np.concatenate([o["epochs"][epoch][step][0] for o in res]))
             yb = torch.from_numpy(np.concatenate([o["epochs"][epoch][step][1] for o in res]))
-            loss = cifar_tricks.label_smoothing_loss(model(xb), yb, config.label_smoothing).sum()
+            loss = tricks.label_smoothing_loss(model(xb), yb, config.label_smoothing).sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             schedule.step()
-    return _params(model)
+    return params(model)
 
 
 def _check_leader_only(res):

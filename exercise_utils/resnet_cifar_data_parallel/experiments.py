@@ -5,7 +5,8 @@ pair through :func:`exercise_utils.launch.run` (live output, hard timeout, every
 killed at the end) and collects rank 0's JSON summaries. :func:`allreduce_cost` times what one training step
 communicates (one all-reduce per parameter tensor, as in the exercise) in 2 gloo processes::
 
-    torchrun --nproc-per-node 2 -m exercise_utils.cifar_experiments --width 16 --out c.json
+    torchrun --nproc-per-node 2 -m exercise_utils.resnet_cifar_data_parallel.experiments \
+        --width 16 --out c.json
 
 Used in 04_resnet_cifar_data_parallel.
 """
@@ -15,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import launch
-from .bench import _interactive, format_table, load_json, save_figure, save_json
-from .config import quick
+from .. import launch
+from ..bench import format_table, load_json, pyplot, save_figure, save_json
+from ..config import quick
 
 TIMEOUT = quick(300, 120)    # seconds before a training launch is declared hung and killed
 # (world size, batch) of each run: the batch scaled with the world size (minibatch 64 per
@@ -29,7 +30,7 @@ SEED_REFERENCE = [dict(gpus=1, batch=512, seconds=30), dict(gpus=2, batch=512, s
 
 
 def run(script, world_size, results, preset="cpu", echo=True, timeout=TIMEOUT, **settings):
-    """Train once with ``world_size`` ranks; return rank 0's summary (see cifar_dp.main).
+    """Train once with ``world_size`` ranks; return rank 0's summary (see :func:`.runner.main`).
 
     ``settings`` override the preset, e.g. ``batch_size=256, epochs=1``.
     """
@@ -85,10 +86,7 @@ def seed_table():
 
 def plot(summaries, path="results/04/runs.png"):
     """Seconds per epoch (bars) and training loss per epoch (lines) of each run; save a PNG."""
-    import matplotlib
-    if not _interactive():
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     labels = [f"{s['world_size']} rank{'s' if s['world_size'] > 1 else ''}, batch "
               f"{s['batch_size']}" for s in summaries]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -110,9 +108,8 @@ def plot(summaries, path="results/04/runs.png"):
 def allreduce_cost(width, world_size=2, out="results/04/allreduce.json", echo=False,
                    timeout=quick(120, 60)):
     """Seconds per training step spent in the gradient all-reduces (median, slowest rank)."""
-    launch.torchrun("exercise_utils.cifar_experiments", world_size,
-                    ["--width", str(width), "--out", str(out)], extra=["-m"], echo=echo,
-                    timeout=timeout)
+    launch.torchrun(__name__, world_size, ["--width", str(width), "--out", str(out)],
+                    extra=["-m"], echo=echo, timeout=timeout)
     return load_json(out)
 
 
@@ -121,9 +118,10 @@ def _bench_allreduce(width, out, repeats=quick(20, 5)):
     import datetime
     import torch
     import torch.distributed as dist
-    from . import cifar_tricks, models
+    from .. import models
+    from . import tricks
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    whitening = cifar_tricks.patch_whitening(torch.randn(64, 3, 32, 32))
+    whitening = tricks.patch_whitening(torch.randn(64, 3, 32, 32))
     grads = [torch.randn_like(p) for p in models.ResNetBagOfTricks(whitening, width=width)
              .parameters() if p.requires_grad]
     times = []

@@ -22,7 +22,7 @@ import json
 import os
 from pathlib import Path
 
-from .config import quick
+from ..config import quick
 
 
 @dataclasses.dataclass
@@ -77,7 +77,7 @@ def choose_backend(world_size, rank):
 
 def cifar10_found(root=None):
     """Whether a local CIFAR-10 copy exists (``root``, ``$DTFS_DATA``, the download cache)."""
-    from . import data
+    from .. import data
     try:
         data._locate("cifar10", "train", root, download=False)
         return True
@@ -94,7 +94,7 @@ def resolve_data(name, root=None):
 
 def load_data(config, split, verbose=True):
     """Load the train or test split the config names (the same data on every rank)."""
-    from . import data
+    from .. import data
     size = config.train_size if split == "train" else config.test_size
     name = resolve_data(config.data, config.data_root)
     ds = data.load_dataset(name, split, root=config.data_root, subset=size, seed=config.seed,
@@ -186,7 +186,7 @@ def _run_rank(rank, rank_process, world_size, config, results):
 def main(rank_process, argv=None):
     """Parse the command line and run ``rank_process`` in ``--world-size`` processes."""
     import torch.multiprocessing as mp
-    from .launch import free_port
+    from ..launch import free_port
     world_size, results, config = parse_args(argv)
     config.data = resolve_data(config.data, config.data_root)   # one choice for every rank
     config.master_port = free_port()

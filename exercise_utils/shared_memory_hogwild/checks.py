@@ -1,73 +1,40 @@
-"""Checker of notebook 02's sampler exercise: ``partition_indices`` against the real thing.
+"""Checkers of notebook 02: the sampler exercise (``partition_indices`` against the real
+thing) and the Hogwild exercise (``train_worker`` and ``hogwild``).
 
 ``check_sampler`` compares the student's ``partition_indices`` with
 ``torch.utils.data.DistributedSampler`` over many (dataset size, replicas, rank, shuffle,
 seed, epoch, drop_last) combinations, and names the first problem it finds in this order:
 lengths, samples never visited, ignored epoch or seed, dropped samples, padding, exact
-order. ``probe_sampler`` runs in a fresh process of the harness
-(:func:`exercise_utils.harness.run_ranks`), never in the notebook kernel.
+order. ``check_hogwild`` checks what :func:`.probes.probe_hogwild` recorded: each worker's
+partition and epochs, its threads, the shared model, the accuracy, and that a crashed worker
+is reported. The probes run in a fresh process (:func:`exercise_utils.harness.run_ranks`),
+never in the notebook kernel.
 
 Used in 02_shared_memory_hogwild.
 """
 import math
 from collections import Counter
 
-import torch
+import numpy as np
 from torch.utils.data import DistributedSampler
 
-from .config import quick
-from .harness import run_ranks
+from ..config import quick
+from ..harness import run_ranks
+from . import probes
+from .probes import EPOCHS, N_SAMPLES, SEED, sampler_cases, shuffled_order
 
-MODULE = "exercise_utils.checks_sampler"
-TIMEOUT = quick(90, 45)     # seconds before the check is declared hung
-
-
-def sampler_cases():
-    """(dataset_len, num_replicas, shuffle, seed, epoch, drop_last) groups the checker tries."""
-    cases = []
-    for n in (10, 12, 13, 7, 2, 1, 61, 3, 0):
-        for replicas in (3, 2, 4, 5, 1):
-            for drop_last in (False, True):
-                for shuffle, seeds, epochs in ((True, (0, 7), (0, 1, 2)), (False, (0,), (0, 1))):
-                    cases += [(n, replicas, shuffle, seed, epoch, drop_last)
-                              for seed in seeds for epoch in epochs]
-    return cases
+SAMPLER_TIMEOUT = quick(90, 45)     # seconds before the check is declared hung
+HOGWILD_TIMEOUT = quick(150, 120)   # the same for the Hogwild check: it starts 5 processes
+MIN_ACCURACY = 0.7                          # chance is 0.25; the solution reaches about 1.0
 
 
-def probe_sampler(student, ctx):
-    """Return, for every case, the list of every rank's indices (or what the call raised)."""
-    results = []
-    for n, replicas, shuffle, seed, epoch, drop_last in sampler_cases():
-        per_rank = []
-        for rank in range(replicas):
-            try:
-                got = student.partition_indices(n, replicas, rank, shuffle=shuffle, seed=seed,
-                                                epoch=epoch, drop_last=drop_last)
-            except NotImplementedError:
-                raise
-            except Exception as exc:  # reported per case, not as a crash
-                per_rank.append(f"raised {type(exc).__name__}: {exc}")
-                continue
-            try:
-                per_rank.append([int(i) for i in got])
-            except (TypeError, ValueError):
-                per_rank.append(f"returned {got!r}, not a list of int")
-        results.append(per_rank)
-    return results
-
-
+# ---------------------------------------------------------------- sampler
 def reference_partition(n, replicas, rank, shuffle, seed, epoch, drop_last):
     """What ``DistributedSampler`` yields for a dataset of ``n`` samples."""
     sampler = DistributedSampler(range(n), num_replicas=replicas, rank=rank, shuffle=shuffle,
                                  seed=seed, drop_last=drop_last)
     sampler.set_epoch(epoch)
     return list(sampler)
-
-
-def _order(n, shuffle, seed, epoch):
-    if not shuffle:
-        return list(range(n))
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
 
 
 def _call(n, replicas, rank, shuffle, seed, epoch, drop_last):
@@ -81,9 +48,9 @@ def _short(items, limit=16):
     return str(items) if len(items) <= limit else str(items[:limit])[:-1] + ", ...]"
 
 
-def check_sampler(path, timeout=TIMEOUT):
+def check_sampler(path, timeout=SAMPLER_TIMEOUT):
     """Check ``partition_indices`` of ``path`` against ``torch.utils.data.DistributedSampler``."""
-    got = run_ranks(path, f"{MODULE}:probe_sampler", 1, "none", timeout=timeout,
+    got = run_ranks(path, probes.probe_sampler, 1, "none", timeout=timeout,
                     what="partition_indices")[0]
     groups = dict(zip(sampler_cases(), got))
     for check in (_check_lengths, _check_coverage, _check_epoch_and_seed, _check_dropped,
@@ -146,7 +113,7 @@ def _check_dropped(case, per_rank, groups):
     n, replicas, shuffle, seed, epoch, drop_last = case
     if not drop_last:
         return
-    order = _order(n, shuffle, seed, epoch)
+    order = shuffled_order(n, shuffle, seed, epoch)
     total = n // replicas * replicas
     dropped, expected = sorted(set(range(n)) - set().union(*per_rank)), sorted(order[total:])
     if dropped != expected:
@@ -161,7 +128,7 @@ def _check_padding(case, per_rank, groups):
     n, replicas, shuffle, seed, epoch, drop_last = case
     if drop_last or n == 0:
         return
-    order = _order(n, shuffle, seed, epoch)
+    order = shuffled_order(n, shuffle, seed, epoch)
     total = math.ceil(n / replicas) * replicas
     padded = (order * math.ceil(total / n))[:total]
     expected = sorted((Counter(padded) - Counter(range(n))).elements())
@@ -185,3 +152,104 @@ def _check_exact(case, per_rank, groups):
                 f"{call} returned {_short(indices)}, {hint}; expected {_short(expected)}. Replica "
                 f"`rank` takes every num_replicas-th index of the padded (or cut) order, starting "
                 f"at position rank: order[rank:total:num_replicas]")
+
+
+# ---------------------------------------------------------------- hogwild
+def expected_reads(rank, workers):
+    """Sample indices DistributedSampler gives ``rank`` over all epochs (set_epoch each epoch)."""
+    return [i for epoch in range(EPOCHS)
+            for i in reference_partition(N_SAMPLES, workers, rank, True, SEED, epoch, False)]
+
+
+def check_hogwild(path, timeout=HOGWILD_TIMEOUT, workers=3, crash_workers=2):
+    """Check ``train_worker`` and ``hogwild`` of ``path``: partitions, epochs, threads, the
+    shared model, accuracy, and that a crashed worker is reported."""
+    res = run_ranks(path, probes.probe_hogwild, 1, "none",
+                    {"workers": workers, "crash_workers": crash_workers}, timeout,
+                    what="train_worker / hogwild")[0]
+    check_serial(res, workers)
+    _check_parallel(res, workers)
+    if res["crash"] is None:
+        raise AssertionError(
+            f"hogwild() with {crash_workers} workers returned normally although one worker "
+            f"crashed (it raised an exception, so its exit code was 1): after joining, check "
+            f"every process's exitcode and raise RuntimeError if one is not 0, or failed "
+            f"training goes unnoticed")
+
+
+def check_serial(res, workers):
+    call = f"train_worker(rank=1, num_workers={workers}, epochs={EPOCHS})"
+    (reads, counts), changed = res["serial"]["reads"], res["serial"]["changed"]
+    got = [i for seq in reads.values() for i, _ in seq]
+    expected, per_epoch = expected_reads(1, workers), math.ceil(N_SAMPLES / workers)
+    if int(counts.sum()) != len(expected):
+        raise AssertionError(
+            f"{call} read {int(counts.sum())} samples; it must read exactly its own partition, "
+            f"{per_epoch} of the {N_SAMPLES} samples per epoch ({len(expected)} in all), through "
+            f"DistributedSampler(dataset, num_replicas={workers}, rank=1, shuffle=True, "
+            f"seed=seed)")
+    epochs = [got[e * per_epoch:(e + 1) * per_epoch] for e in range(EPOCHS)]
+    wanted = [expected[e * per_epoch:(e + 1) * per_epoch] for e in range(EPOCHS)]
+    if epochs[0] == wanted[0] and all(e == epochs[0] for e in epochs):
+        raise AssertionError(
+            f"{call} read the same samples in the same order in every epoch "
+            f"({_short(epochs[0], 8)}): call sampler.set_epoch(epoch) at the start of every "
+            f"epoch, or every epoch repeats epoch 0's shuffle (and each worker its epoch-0 "
+            f"partition)")
+    for epoch, (a, b) in enumerate(zip(epochs, wanted)):
+        if a != b:
+            raise AssertionError(
+                f"{call} read {_short(a)} in epoch {epoch}; its DistributedSampler (num_replicas="
+                f"{workers}, rank=1, shuffle=True, seed=seed) with set_epoch({epoch}) gives "
+                f"{_short(b)}")
+    _check_threads(call, reads, res["threads"])
+    if changed == 0:
+        raise AssertionError(f"{call} did not change the model it was given: train `model` "
+                             f"itself in place (an optimizer over model.parameters()), not a copy")
+
+
+def _check_threads(call, reads, threads):
+    used = sorted({t for seq in reads.values() for _, t in seq})
+    if used != [threads]:
+        raise AssertionError(f"{call} ran with {used} thread(s), but threads={threads} was "
+                             f"asked for: call torch.set_num_threads(threads) in the worker")
+
+
+def _check_parallel(res, workers):
+    call = f"hogwild(model, dataset, num_workers={workers}, epochs={EPOCHS})"
+    out = res["hogwild"]
+    reads, counts = out["reads"]
+    pids = sorted(reads)
+    if res["parent"] in pids or len(pids) != workers:
+        where = "this process (no worker processes)" if res["parent"] in pids else f"{len(pids)} process(es)"
+        raise AssertionError(f"{call}: samples were read by {where}; start {workers} worker "
+                             f"processes, each running train_worker for its rank")
+    if not (counts == EPOCHS).all():
+        low, high = np.nonzero(counts < EPOCHS)[0], np.nonzero(counts > EPOCHS)[0]
+        detail = (f"samples {_short(high.tolist(), 8)} were read up to {int(counts.max())} "
+                  f"times: workers trained on the same samples" if len(high) else
+                  f"samples {_short(low.tolist(), 8)} were read fewer times (some never)")
+        raise AssertionError(
+            f"{call}: every sample must be read exactly {EPOCHS} times (once per epoch, by one "
+            f"worker), but {detail}. Give each worker its own rank (0 ... num_workers-1), and "
+            f"join every worker before returning.")
+    expected = {r: expected_reads(r, workers) for r in range(workers)}
+    for pid, seq in reads.items():
+        samples = [i for i, _ in seq]
+        if samples not in expected.values():
+            raise AssertionError(f"{call}: a worker read {_short(samples)}, which is no rank's "
+                                 f"DistributedSampler order (rank 0 expected: "
+                                 f"{_short(expected[0])})")
+    _check_threads(call, reads, res["threads"])
+    if out["changed"] == 0:
+        raise AssertionError(
+            f"{call}: the model in the parent process is unchanged after training, so the "
+            f"workers trained private copies. Call model.share_memory() before starting the "
+            f"workers, pass `model` itself to every worker, and do not copy it in the worker "
+            f"(with the fork start method nothing is shared unless you call share_memory())")
+    if out["accuracy"] < MIN_ACCURACY:
+        raise AssertionError(
+            f"{call}: the shared model reaches only {out['accuracy']:.2f} training accuracy "
+            f"(before: {out['accuracy_before']:.2f}; the reference reaches about 1.0; at least "
+            f"{MIN_ACCURACY} is required): do the workers run plain SGD steps with lr on "
+            f"F.cross_entropy(model(x), y)?")

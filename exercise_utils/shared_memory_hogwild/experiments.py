@@ -1,8 +1,8 @@
 """The experiments of notebook 02: Hogwild! against serial training, and the set_epoch demo.
 
-:func:`run` launches :mod:`exercise_utils.hogwild` through :func:`exercise_utils.launch.run`
-(live output, hard timeout, every process killed at the end), so no worker process ever
-runs inside the notebook kernel. :func:`table` and :func:`plot` summarise its rows.
+:func:`run` launches :mod:`.train` through :func:`exercise_utils.launch.run` (live output,
+hard timeout, every process killed at the end), so no worker process ever runs inside the
+notebook kernel. :func:`table` and :func:`plot` summarise its rows.
 :func:`epoch_orders` only builds ``DistributedSampler`` objects (no process): it runs in
 the kernel.
 
@@ -11,9 +11,9 @@ Used in 02_shared_memory_hogwild.
 import sys
 from pathlib import Path
 
-from . import launch
-from .bench import _interactive, format_table, load_json
-from .config import quick
+from .. import launch
+from ..bench import format_table, load_json, pyplot
+from ..config import quick
 
 TIMEOUT = quick(480, 240)    # seconds before a training launch is declared hung and killed
 RUNS = quick(("serial", "serialx1", "2x1", "4x1", "2x2"), ("serial", "2x1"))
@@ -21,7 +21,7 @@ RUNS = quick(("serial", "serialx1", "2x1", "4x1", "2x2"), ("serial", "2x1"))
 
 def run(runs=RUNS, work="work", out="results/02_hogwild.json", extra=(), echo=True,
         timeout=TIMEOUT):
-    """Train every run of ``runs`` (see :mod:`exercise_utils.hogwild`); return the result rows.
+    """Train every run of ``runs`` (see :mod:`.train`); return the result rows.
 
     Each row gets ``speedup``: the first run's time per epoch divided by its own.
     ``extra`` holds more options of the script, e.g. ``("--epochs", "1")``.
@@ -29,10 +29,10 @@ def run(runs=RUNS, work="work", out="results/02_hogwild.json", extra=(), echo=Tr
     out = Path(out)
     if out.exists():
         out.unlink()
-    cmd = [sys.executable, "-m", "exercise_utils.hogwild", "--work", work, "--runs", *runs,
-           "--out", out, *extra]
+    script = f"{__package__}.train"
+    cmd = [sys.executable, "-m", script, "--work", work, "--runs", *runs, "--out", out, *extra]
     launch.run(cmd, timeout=timeout, echo=echo,
-               what=f"`python -m exercise_utils.hogwild --runs {' '.join(runs)}`")
+               what=f"`python -m {script} --runs {' '.join(runs)}`")
     rows = load_json(out)["rows"]
     for row in rows:
         row["speedup"] = rows[0]["epoch_s"] / row["epoch_s"] if row["epoch_s"] else None
@@ -52,10 +52,7 @@ def table(rows):
 
 def plot(rows, path="results/02_hogwild.png"):
     """Bar charts of time per epoch (plus start-up) and test accuracy per run; return the figure."""
-    import matplotlib
-    if not _interactive():
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     labels = [f"{r['run']}\n{max(1, r['procs'])}p x {r['threads']}t" for r in rows]
     xs = range(len(rows))
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))

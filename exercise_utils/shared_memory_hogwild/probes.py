@@ -1,17 +1,16 @@
-"""Checker of notebook 02's Hogwild exercise: ``train_worker`` and ``hogwild``.
+"""What runs inside the processes that notebook 02's checkers start, and the inputs they share.
 
-``check_hogwild`` trains a small model with the student's ``train_worker`` (in the
-checker's process, as rank 1 of 3) and ``hogwild`` (3 worker processes), reading every
-sample through a :class:`RecordingDataset` that logs, in shared memory, which process read
-which sample, in which order and with how many threads; then it makes one worker crash.
-``probe_hogwild`` runs in a fresh process of the harness
+:func:`probe_sampler` calls the student's ``partition_indices`` on every case of
+:func:`sampler_cases`. :func:`probe_hogwild` trains a small model with the student's
+``train_worker`` (in the probe's own process, as rank 1 of 3) and ``hogwild`` (3 worker
+processes), reading every sample through a :class:`RecordingDataset` that logs, in shared
+memory, which process read which sample, in which order and with how many threads; then it
+makes one worker crash. Both run in a fresh process of the harness
 (:func:`exercise_utils.harness.run_ranks`), never in the notebook kernel.
-The sampler exercise's checker is :mod:`exercise_utils.checks_sampler`.
 
 Used in 02_shared_memory_hogwild.
 """
 import importlib
-import math
 import multiprocessing
 import os
 import sys
@@ -20,19 +19,56 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checks_sampler import _order, _short, reference_partition
-from .config import quick
-from .harness import run_ranks, state_arrays
-from .models import TinyMLP
+from ..harness import state_arrays
+from ..models import TinyMLP
 
-MODULE = "exercise_utils.checks_hogwild"
-TIMEOUT = quick(150, 120)   # seconds before the check is declared hung: it starts 5 processes
+
+# ---------------------------------------------------------------- sampler
+def sampler_cases():
+    """(dataset_len, num_replicas, shuffle, seed, epoch, drop_last) groups the checker tries."""
+    cases = []
+    for n in (10, 12, 13, 7, 2, 1, 61, 3, 0):
+        for replicas in (3, 2, 4, 5, 1):
+            for drop_last in (False, True):
+                for shuffle, seeds, epochs in ((True, (0, 7), (0, 1, 2)), (False, (0,), (0, 1))):
+                    cases += [(n, replicas, shuffle, seed, epoch, drop_last)
+                              for seed in seeds for epoch in epochs]
+    return cases
+
+
+def probe_sampler(student, ctx):
+    """Return, for every case, the list of every rank's indices (or what the call raised)."""
+    results = []
+    for n, replicas, shuffle, seed, epoch, drop_last in sampler_cases():
+        per_rank = []
+        for rank in range(replicas):
+            try:
+                got = student.partition_indices(n, replicas, rank, shuffle=shuffle, seed=seed,
+                                                epoch=epoch, drop_last=drop_last)
+            except NotImplementedError:
+                raise
+            except Exception as exc:  # reported per case, not as a crash
+                per_rank.append(f"raised {type(exc).__name__}: {exc}")
+                continue
+            try:
+                per_rank.append([int(i) for i in got])
+            except (TypeError, ValueError):
+                per_rank.append(f"returned {got!r}, not a list of int")
+        results.append(per_rank)
+    return results
+
+
+def shuffled_order(n, shuffle, seed, epoch):
+    """The order DistributedSampler partitions: ``randperm(n)`` seeded with seed + epoch."""
+    if not shuffle:
+        return list(range(n))
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
 
 
 # ---------------------------------------------------------------- hogwild
+# ---------------------------------------------------------------- hogwild
 N_SAMPLES, FEATURES, CLASSES = 240, 20, 4   # 240 = 80 per worker with 3 workers, 120 with 2
 EPOCHS, BATCH, LR, SEED = 3, 16, 0.2, 5
-MIN_ACCURACY = 0.7                          # chance is 0.25; the solution reaches about 1.0
 
 
 class RecordingDataset(torch.utils.data.Dataset):
@@ -125,8 +161,9 @@ def probe_hogwild(student, ctx, workers=3, crash_workers=2):
     before = state_arrays(model)
     module.train_worker(1, workers, model, data, EPOCHS, BATCH, LR, SEED, threads)
     out["serial"] = {"reads": data.reads(), "changed": _changed(before, model)}
+    from .checks import check_serial     # the checker's verdict on that run, here in the rank
     try:
-        _check_serial(out, workers)
+        check_serial(out, workers)
     except AssertionError:
         return out          # the checker reports it; no need to start processes
     # 2. hogwild with `workers` processes
@@ -137,7 +174,8 @@ def probe_hogwild(student, ctx, workers=3, crash_workers=2):
     out["hogwild"] = {"reads": data.reads(), "changed": _changed(before, model),
                       "accuracy": _accuracy(model, x, y), "accuracy_before": acc_before}
     # 3. a worker crashes: hogwild must raise
-    crash = RecordingDataset(x, y, 1, fail_index=int(_order(N_SAMPLES, True, SEED, 0)[1]))
+    second = int(shuffled_order(N_SAMPLES, True, SEED, 0)[1])
+    crash = RecordingDataset(x, y, 1, fail_index=second)
     try:
         module.hogwild(_model(), crash, crash_workers, epochs=1, batch_size=BATCH, lr=LR,
                        seed=SEED, threads=threads)
@@ -150,103 +188,3 @@ def probe_hogwild(student, ctx, workers=3, crash_workers=2):
 def _changed(before, model):
     after = state_arrays(model)
     return max(float(np.max(np.abs(after[k] - before[k]))) for k in before)
-
-
-def expected_reads(rank, workers):
-    """Sample indices DistributedSampler gives ``rank`` over all epochs (set_epoch each epoch)."""
-    return [i for epoch in range(EPOCHS)
-            for i in reference_partition(N_SAMPLES, workers, rank, True, SEED, epoch, False)]
-
-
-def check_hogwild(path, timeout=TIMEOUT, workers=3, crash_workers=2):
-    """Check ``train_worker`` and ``hogwild`` of ``path``: partitions, epochs, threads, the
-    shared model, accuracy, and that a crashed worker is reported."""
-    res = run_ranks(path, f"{MODULE}:probe_hogwild", 1, "none",
-                    {"workers": workers, "crash_workers": crash_workers}, timeout,
-                    what="train_worker / hogwild")[0]
-    _check_serial(res, workers)
-    _check_parallel(res, workers)
-    if res["crash"] is None:
-        raise AssertionError(
-            f"hogwild() with {crash_workers} workers returned normally although one worker "
-            f"crashed (it raised an exception, so its exit code was 1): after joining, check "
-            f"every process's exitcode and raise RuntimeError if one is not 0, or failed "
-            f"training goes unnoticed")
-
-
-def _check_serial(res, workers):
-    call = f"train_worker(rank=1, num_workers={workers}, epochs={EPOCHS})"
-    (reads, counts), changed = res["serial"]["reads"], res["serial"]["changed"]
-    got = [i for seq in reads.values() for i, _ in seq]
-    expected, per_epoch = expected_reads(1, workers), math.ceil(N_SAMPLES / workers)
-    if int(counts.sum()) != len(expected):
-        raise AssertionError(
-            f"{call} read {int(counts.sum())} samples; it must read exactly its own partition, "
-            f"{per_epoch} of the {N_SAMPLES} samples per epoch ({len(expected)} in all), through "
-            f"DistributedSampler(dataset, num_replicas={workers}, rank=1, shuffle=True, "
-            f"seed=seed)")
-    epochs = [got[e * per_epoch:(e + 1) * per_epoch] for e in range(EPOCHS)]
-    wanted = [expected[e * per_epoch:(e + 1) * per_epoch] for e in range(EPOCHS)]
-    if epochs[0] == wanted[0] and all(e == epochs[0] for e in epochs):
-        raise AssertionError(
-            f"{call} read the same samples in the same order in every epoch "
-            f"({_short(epochs[0], 8)}): call sampler.set_epoch(epoch) at the start of every "
-            f"epoch, or every epoch repeats epoch 0's shuffle (and each worker its epoch-0 "
-            f"partition)")
-    for epoch, (a, b) in enumerate(zip(epochs, wanted)):
-        if a != b:
-            raise AssertionError(
-                f"{call} read {_short(a)} in epoch {epoch}; its DistributedSampler (num_replicas="
-                f"{workers}, rank=1, shuffle=True, seed=seed) with set_epoch({epoch}) gives "
-                f"{_short(b)}")
-    _check_threads(call, reads, res["threads"])
-    if changed == 0:
-        raise AssertionError(f"{call} did not change the model it was given: train `model` "
-                             f"itself in place (an optimizer over model.parameters()), not a copy")
-
-
-def _check_threads(call, reads, threads):
-    used = sorted({t for seq in reads.values() for _, t in seq})
-    if used != [threads]:
-        raise AssertionError(f"{call} ran with {used} thread(s), but threads={threads} was "
-                             f"asked for: call torch.set_num_threads(threads) in the worker")
-
-
-def _check_parallel(res, workers):
-    call = f"hogwild(model, dataset, num_workers={workers}, epochs={EPOCHS})"
-    out = res["hogwild"]
-    reads, counts = out["reads"]
-    pids = sorted(reads)
-    if res["parent"] in pids or len(pids) != workers:
-        where = "this process (no worker processes)" if res["parent"] in pids else f"{len(pids)} process(es)"
-        raise AssertionError(f"{call}: samples were read by {where}; start {workers} worker "
-                             f"processes, each running train_worker for its rank")
-    if not (counts == EPOCHS).all():
-        low, high = np.nonzero(counts < EPOCHS)[0], np.nonzero(counts > EPOCHS)[0]
-        detail = (f"samples {_short(high.tolist(), 8)} were read up to {int(counts.max())} "
-                  f"times: workers trained on the same samples" if len(high) else
-                  f"samples {_short(low.tolist(), 8)} were read fewer times (some never)")
-        raise AssertionError(
-            f"{call}: every sample must be read exactly {EPOCHS} times (once per epoch, by one "
-            f"worker), but {detail}. Give each worker its own rank (0 ... num_workers-1), and "
-            f"join every worker before returning.")
-    expected = {r: expected_reads(r, workers) for r in range(workers)}
-    for pid, seq in reads.items():
-        samples = [i for i, _ in seq]
-        if samples not in expected.values():
-            raise AssertionError(f"{call}: a worker read {_short(samples)}, which is no rank's "
-                                 f"DistributedSampler order (rank 0 expected: "
-                                 f"{_short(expected[0])})")
-    _check_threads(call, reads, res["threads"])
-    if out["changed"] == 0:
-        raise AssertionError(
-            f"{call}: the model in the parent process is unchanged after training, so the "
-            f"workers trained private copies. Call model.share_memory() before starting the "
-            f"workers, pass `model` itself to every worker, and do not copy it in the worker "
-            f"(with the fork start method nothing is shared unless you call share_memory())")
-    if out["accuracy"] < MIN_ACCURACY:
-        raise AssertionError(
-            f"{call}: the shared model reaches only {out['accuracy']:.2f} training accuracy "
-            f"(before: {out['accuracy_before']:.2f}; the reference reaches about 1.0; at least "
-            f"{MIN_ACCURACY} is required): do the workers run plain SGD steps with lr on "
-            f"F.cross_entropy(model(x), y)?")

@@ -2,7 +2,8 @@
 
 Launch (from the folder that holds ``work/``)::
 
-    python -m exercise_utils.hogwild --work work --runs serial 2x1 4x1 2x2 --out results/02_hogwild.json
+    python -m exercise_utils.shared_memory_hogwild.train --work work --runs serial 2x1 4x1 2x2 \
+        --out results/02_hogwild.json
 
 Every run starts from the same initial :class:`~exercise_utils.models.MPINet` and trains
 EPOCHS epochs of plain SGD (BATCH samples a step, learning rate LR) on the same data:
@@ -26,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import quick
+from ..config import quick
 
 # Settings (each overridable on the command line, e.g. --epochs 3).
 DATASET = "auto"                    # mnist when present, else fashion-mnist (load_dataset)
@@ -121,7 +122,7 @@ def accuracy(model, x, y):
 def train_run(spec, work, dataset, test, args):
     """Train one run (see the module docstring); return its result row."""
     import torch
-    from .models import MPINet
+    from ..models import MPINet
     procs, threads = parse_run(spec)
     torch.manual_seed(args.seed)
     model = MPINet()
@@ -149,8 +150,8 @@ def train_run(spec, work, dataset, test, args):
 
 def main(argv=None):
     args = parse_args(argv)
-    from .bench import save_json
-    from .data import load_dataset
+    from ..bench import save_json
+    from ..data import load_dataset
     work = load_work(args.work)
     train = load_dataset(args.dataset, "train", subset=args.train_subset, seed=args.seed)
     test = load_dataset(train.name, "test", subset=args.test_subset, seed=args.seed)

@@ -2,7 +2,8 @@
 
 Launch (from the folder that holds ``work/``)::
 
-    torchrun --nproc-per-node 2 -m exercise_utils.bench_ring --work work --out results/03_ring_vs_allreduce.json
+    torchrun --nproc-per-node 2 -m exercise_utils.torch_distributed_collectives.bench --work work \
+        --out results/03_ring_vs_allreduce.json
 
 or from Python: :func:`run_ring_benchmark` (then :func:`ring_table`, :func:`plot_ring`).
 
@@ -22,9 +23,9 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from . import launch
-from .bench import format_table, line_plot, load_json, save_json
-from .config import quick
+from .. import launch
+from ..bench import format_table, line_plot, load_json, save_json
+from ..config import quick
 
 # Settings (each overridable on the command line, e.g. --repeats 20).
 SIZES_KIB = quick([1, 4, 16, 64, 256, 1024, 4096, 16384, 65536],   # tensor sizes (KiB)
@@ -37,7 +38,7 @@ OUT = "results/03_ring_vs_allreduce.json"
 PLOT = "results/03_ring_vs_allreduce.png"
 TIMEOUT = quick(180, 90)            # seconds before the launched benchmark is killed
 FILE = "03_ring_allreduce.py"
-MARK = "bench_ring error: "         # prefixes the lines that say why the benchmark stopped
+MARK = "ring benchmark error: "       # prefixes the lines that say why the benchmark stopped
 
 
 def parse_args(argv=None):
@@ -102,7 +103,7 @@ def measure(ring, kib, repeats, warmup):
 def main(argv=None):
     import torch
     import torch.distributed as dist
-    from .rankworker import load_student
+    from ..rankworker import load_student
     args = parse_args(argv)
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.gloo_timeout))
     path = Path(args.work) / FILE
@@ -145,9 +146,9 @@ def run_ring_benchmark(work="work", procs=PROCS, out=OUT, extra=(), echo=True, t
     if out.exists():
         out.unlink()
     try:
-        launch.torchrun("exercise_utils.bench_ring", procs, ["--work", str(work), "--out",
-                        str(out), *extra], extra=("--module",), timeout=timeout, echo=echo,
-                        what=f"`torchrun --nproc-per-node {procs} -m exercise_utils.bench_ring`")
+        launch.torchrun(__name__, procs, ["--work", str(work), "--out", str(out), *extra],
+                        extra=("--module",), timeout=timeout, echo=echo,
+                        what=f"`torchrun --nproc-per-node {procs} -m {__name__}`")
     except launch.LaunchError as err:
         why = sorted({ln[ln.index(MARK):] for ln in err.output.splitlines() if MARK in ln})
         if not why:

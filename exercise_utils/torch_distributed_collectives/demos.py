@@ -11,7 +11,7 @@ Used in 03_torch_distributed_collectives.
 import re
 import time
 
-from . import launch
+from .. import launch
 
 # Lines worth showing: what each rank printed itself, and the errors the ranks raised.
 KEEP = re.compile(r"^(rank \d+[: ].*|\[rank\d+\]: \w*(Error|Exception)\b.*)$")

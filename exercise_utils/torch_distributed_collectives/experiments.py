@@ -1,6 +1,6 @@
 """The seed notebook's five experiments of notebook 03, run with torchrun and summarised.
 
-Every run launches :mod:`exercise_utils.dist_train` with 2 gloo ranks through
+Every run launches :mod:`.train` with 2 gloo ranks through
 :func:`exercise_utils.launch.torchrun`, so a hang or crash is killed with all its processes
 and reported. :func:`run_all` runs all configurations in ONE launch (each torch process
 costs seconds to start); :func:`hang_demo` reproduces the uneven-batch deadlock with a short
@@ -14,9 +14,9 @@ import re
 import time
 from pathlib import Path
 
-from . import launch
-from .bench import format_table, load_json
-from .config import quick
+from .. import launch, processes
+from ..bench import format_table, load_json, pyplot
+from ..config import quick
 
 TIMEOUT = quick(300, 150)           # seconds before the experiment launch is declared hung
 HANG_GLOO_TIMEOUT = quick(5, 3)     # seconds a rank waits in an unmatched collective (demo)
@@ -56,10 +56,10 @@ def _launch(runs, work, out, timeout, echo, extra=()):
     config.write_text(json.dumps({"runs": list(runs)}, indent=1))
     if out.exists():
         out.unlink()
-    return launch.torchrun("exercise_utils.dist_train", 2, ["--work", str(work), "--config",
-                           str(config), "--out", str(out), *extra], extra=["-m"],
-                           timeout=timeout, echo=echo,
-                           what="`torchrun --nproc-per-node 2 -m exercise_utils.dist_train`")
+    script = f"{__package__}.train"
+    return launch.torchrun(script, 2, ["--work", str(work), "--config", str(config), "--out",
+                                       str(out), *extra], extra=["-m"], timeout=timeout, echo=echo,
+                           what=f"`torchrun --nproc-per-node 2 -m {script}`")
 
 
 def run_all(configs=SEED_EXPERIMENTS, work="work", timeout=TIMEOUT, out=None, echo=True,
@@ -67,7 +67,7 @@ def run_all(configs=SEED_EXPERIMENTS, work="work", timeout=TIMEOUT, out=None, ec
     """Run every configuration, one after the other, in a single 2-rank launch.
 
     Args:
-        configs: list of run settings (see :mod:`exercise_utils.dist_train`).
+        configs: list of run settings (see :mod:`.train`).
         work: folder holding the student's 03_*.py files.
         timeout: seconds before the launch is killed (LaunchTimeout).
         out: JSON file for the results (default results/03/experiments.json).
@@ -137,11 +137,7 @@ def plot(results, path=f"{OUT_DIR}/experiments.png"):
     Returns:
         the matplotlib Figure.
     """
-    import matplotlib
-    from .bench import _interactive
-    if not _interactive():
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     names = [r["name"] for r in results]
     size = max(r["world_size"] for r in results)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
@@ -209,6 +205,6 @@ def hang_demo(timeout=HANG_TIMEOUT, work="work", gloo_timeout=HANG_GLOO_TIMEOUT,
                       waits={int(rank): where for rank, where, _ in found})
     result["seconds"] = time.monotonic() - start
     mine = f"{os.getpid()}:"
-    result["left_processes"] = [p.pid for p in launch.tagged_processes(
+    result["left_processes"] = [p.pid for p in processes.tagged_processes(
         lambda tag: tag.startswith(mine))]
     return result

@@ -1,24 +1,138 @@
-"""Checker of notebook 03 for the CPU SyncBatchNorm exercise (``DistributedBatchNorm``).
+"""What runs inside the processes that notebook 03's checkers start, and the inputs they share.
 
-``check_sync_batchnorm`` runs the student file in fresh gloo processes (world sizes 2 and
-3, unequal local batch sizes) through :func:`exercise_utils.harness.run_ranks` and compares
-outputs, input and parameter gradients, running statistics and eval-mode outputs with a
-single ``nn.BatchNorm`` on the concatenated batch; ``probe_sync_batchnorm`` runs inside
-those processes.
+Each ``probe_*(student, ctx, ...)`` is called by :func:`exercise_utils.harness.run_ranks` in a
+fresh process (gloo, or independent processes for the partitions) with the imported student
+module; it gives every rank its own global random state (ranks must not depend on it), calls
+the student's code on fixed inputs and returns what came out. The verdicts are in
+:mod:`.checks`; the ring all-reduce's probe is :mod:`.probes_ring`.
 
 Used in 03_torch_distributed_collectives.
 """
 import gc
+import random
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from .checks_dist import TIMEOUT, _seed_everything
-from .harness import assert_close, run_ranks
+from ..harness import state_arrays
+from ..models import FrozenTiedNet
 
-MODULE = "exercise_utils.checks_syncbn"
 
+def _seed_everything(seed):
+    """Give this rank its own global random state (ranks must not depend on it)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _try(fn, *args):
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # reported per case, not as a crash
+        return {"raised": f"{type(exc).__name__}: {exc}"}
+
+
+# ---------------------------------------------------------------- partitions
+# ---------------------------------------------------------------- partitions
+THIRD = 1 / 3
+SIZE_CASES = [(10, [0.5, 0.5]), (11, [0.5, 0.5]), (10, [0.7, 0.3]), (7, [0.7, 0.3]),
+              (7, [0.2, 0.3, 0.5]), (10, [THIRD] * 3), (11, [THIRD] * 3), (2, [THIRD] * 3),
+              (1, [0.5, 0.5]), (0, [0.5, 0.5]), (3, [0.25] * 4), (9, [0.1, 0.6, 0.3]),
+              (100, [0.1] * 10), (10, [0.25, 0.25]), (9, [0.5, 0.25]), (13, [1.0]),
+              (13, [0.0, 1.0]), (50, [0.2, 0.3])]
+BAD_CASES = [(10, [0.7, 0.4]), (10, [-0.5, 0.5, 1.0]), (10, [0.6, 0.6, -0.2])]
+PARTITIONER_CASES = [(60, [0.5, 0.5], 1234), (61, [0.7, 0.3], 1234), (60, [0.7, 0.3], 7),
+                     (50, [0.2, 0.3, 0.5], 1234), (40, [0.25, 0.25], 3), (2, [THIRD] * 3, 5),
+                     (0, [0.5, 0.5], 1234), (60, [0.5, 0.5], 99)]
+_perm = np.random.default_rng(3).permutation(30)
+LABEL_CASES = [((np.arange(30) % 10)[_perm].tolist(), 2, True),
+               ((np.arange(30) % 10)[_perm].tolist(), 3, False),
+               ([9, 2, 5, 2, 7, 1, 9, 5, 1, 7, 7], 2, True),
+               ([3, 0, 1, 2, 1], 3, False), ([4, 8, 4, 8], 3, False)]
+
+
+def _rng_states():
+    return (random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist())
+
+
+def _partitioner(student, n, fractions, seed):
+    data = [1000 + i for i in range(n)]
+    before = _rng_states()
+    dp = student.DataPartitioner(data, fractions, seed=seed)
+    parts = [[int(i) for i in p] for p in dp.partitions]
+    used = [[dp.use(i)[j] for j in range(len(dp.use(i)))] for i in range(len(parts))]
+    return {"parts": parts, "right_samples": used == [[data[k] for k in p] for p in parts],
+            "rng_kept": _rng_states() == before}
+
+
+def probe_partition(student, ctx):
+    _seed_everything(11 + 17 * ctx.rank)
+    sizes = [_try(lambda c: [int(s) for s in student.partition_sizes(*c)], c) for c in SIZE_CASES]
+    bad = [_try(student.partition_sizes, *c) for c in BAD_CASES]
+    bad = [r["raised"].split(":")[0] if isinstance(r, dict) else None for r in bad]
+    parts = [_partitioner(student, *c) for c in PARTITIONER_CASES]
+    again = _partitioner(student, *PARTITIONER_CASES[0])["parts"]
+    labels = [student.label_partitions(torch.tensor(lab) if as_tensor else list(lab), k)
+              for lab, k, as_tensor in LABEL_CASES]
+    return sizes, bad, parts, again, [[[int(i) for i in p] for p in ps] for ps in labels]
+
+
+# ---------------------------------------------------------------- gradient averaging
+# ---------------------------------------------------------------- gradient averaging
+# Local batch sizes per step and rank: unequal, one rank with a single sample.
+AVG_SPLITS = {2: [[7, 3], [2, 8], [5, 5]], 3: [[5, 1, 3], [1, 4, 4], [3, 3, 2]]}
+AVG_LR = 0.1
+
+
+def avg_model():
+    torch.manual_seed(0)
+    return FrozenTiedNet()          # a frozen parameter (grad None) and a tied weight
+
+
+def avg_batches(splits):
+    g = torch.Generator().manual_seed(4321)
+    return [(torch.randn(sum(s), 12, generator=g), torch.randint(0, 3, (sum(s),), generator=g))
+            for s in splits]
+
+
+def _grads(model):
+    return {n: p.grad.detach().numpy().copy() for n, p in model.named_parameters()
+            if p.grad is not None}
+
+
+def avg_run(model, batches, rows=None, after_backward=None):
+    """SGD with momentum; ``rows(step)`` picks this rank's rows. Returns (step-1 grads, state)."""
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=AVG_LR,
+                          momentum=0.9)
+    first = None
+    for step, (x, y) in enumerate(batches):
+        part = rows(step) if rows else slice(None)
+        opt.zero_grad()
+        F.cross_entropy(model(x[part]), y[part]).backward()
+        if after_backward:
+            after_backward(len(y[part]))
+        first = first or _grads(model)
+        opt.step()
+    return first, state_arrays(model)
+
+
+def rows(splits, rank):
+    return lambda step: slice(sum(splits[step][:rank]), sum(splits[step][:rank + 1]))
+
+
+def probe_average_gradients(student, ctx):
+    model = avg_model()
+    _seed_everything(1000 + ctx.rank)
+    splits = AVG_SPLITS[ctx.size]
+    return avg_run(model, avg_batches(splits), rows(splits, ctx.rank),
+                    lambda n: student.average_gradients(model, n))
+
+
+# ---------------------------------------------------------------- SyncBatchNorm
 BN_STEPS = 2
 BN_CASES = {2: [dict(channels=5, spatial=(), sizes=[6, 2], momentum=0.1),
                 dict(channels=3, spatial=(3, 4), sizes=[1, 3], momentum=None)],
@@ -26,7 +140,7 @@ BN_CASES = {2: [dict(channels=5, spatial=(), sizes=[6, 2], momentum=0.1),
                 dict(channels=3, spatial=(2, 3), sizes=[1, 4, 2], momentum=0.3)]}
 
 
-def _bn_layer(case):
+def bn_layer(case):
     torch.manual_seed(0)
     cls = nn.BatchNorm2d if case["spatial"] else nn.BatchNorm1d
     bn = cls(case["channels"], momentum=case["momentum"])
@@ -36,7 +150,7 @@ def _bn_layer(case):
     return bn
 
 
-def _bn_data(case):
+def bn_data(case):
     """Per step: the global input (channels with different scales and offsets) and the
     loss weights; the loss is sum(output * weights). Plus an eval-mode input."""
     g = torch.Generator().manual_seed(99)
@@ -47,7 +161,7 @@ def _bn_data(case):
     return [(make(), torch.randn(shape, generator=g)) for _ in range(BN_STEPS)], make()
 
 
-def _bn_run(layer, steps, x_eval, part=slice(None)):
+def bn_run(layer, steps, x_eval, part=slice(None)):
     out = {"y": [], "dx": [], "dweight": [], "dbias": []}
     layer.train()
     for x, w in steps:
@@ -69,96 +183,15 @@ def _bn_run(layer, steps, x_eval, part=slice(None)):
 def probe_sync_batchnorm(student, ctx):
     results = []
     for case in BN_CASES[ctx.size]:
-        layer = student.convert_batchnorm(nn.Sequential(_bn_layer(case)))[0]
+        layer = student.convert_batchnorm(nn.Sequential(bn_layer(case)))[0]
         _seed_everything(1000 + ctx.rank)
-        steps, x_eval = _bn_data(case)
+        steps, x_eval = bn_data(case)
         sizes = case["sizes"]
         part = slice(sum(sizes[:ctx.rank]), sum(sizes[:ctx.rank + 1]))
-        out = _bn_run(layer, steps, x_eval, part)
+        out = bn_run(layer, steps, x_eval, part)
         out["is_student_class"] = isinstance(layer, student.DistributedBatchNorm)
         results.append(out)
     # Autograd graphs that hold the process group can sit in reference cycles; if the garbage
     # collector frees them only at interpreter exit, gloo aborts ("terminate called ...").
     gc.collect()
     return results
-
-
-def _bn_candidates(case, x):
-    """Training outputs of two flawed BatchNorms: local statistics; unweighted means of them."""
-    layer, dims = _bn_layer(case), [0] + list(range(2, x.dim()))
-    view = (1, -1) + (1,) * (x.dim() - 2)
-    chunks = torch.split(x.double(), case["sizes"])
-    local = [(c.mean(dims), c.var(dims, unbiased=False)) for c in chunks]
-    unweighted = [tuple(sum(s) / len(local) for s in zip(*local))] * len(local)
-    weight, bias = (t.detach().double().view(view) for t in (layer.weight, layer.bias))
-    return [[((c - m.view(view)) / torch.sqrt(v.view(view) + 1e-5) * weight + bias).numpy()
-             for c, (m, v) in zip(chunks, stats)] for stats in (local, unweighted)]
-
-
-BN_FORWARD_FLAWS = (
-    "plain BatchNorm on the local batch: the ranks did not combine their statistics",
-    "normalised with the unweighted average of the ranks' means and variances: wrong when local "
-    "batch sizes differ, and the average of variances misses the spread between the ranks' means")
-BN_HINTS = {
-    "output": "normalise with the mean and biased variance of the global batch (all ranks): "
-              "all_reduce the count, sum and sum of squares per channel; mean = sum/N, "
-              "var = sumsq/N - mean^2",
-    "input.grad": "the output is right, so the statistics are right, but autograd does not see "
-                  "how they depend on the other ranks' inputs: the all_reduce must be "
-                  "differentiable: use torch.distributed.nn.functional.all_reduce, not "
-                  "dist.all_reduce (invisible to autograd) or a detached tensor",
-    "running_mean": "it must move towards the mean of the global batch (momentum None: "
-                    "cumulative average with factor 1/num_batches_tracked)",
-    "running_var": "the running variance must use the unbiased variance of the global batch: "
-                   "sumsq/N - mean^2 scaled by N/(N-1)",
-    "eval output": "eval mode must normalise with the running statistics"}
-
-
-def _bn_close(name, got, want, where, rank=None, hint=""):
-    assert_close({name: got}, {name: want}, f"{where}: {BN_HINTS.get(name, '')}{hint}", rank,
-                 1e-4, 1e-3)
-
-
-def _check_bn_case(size, case, res, ref):
-    sizes, (steps, _) = case["sizes"], _bn_data(case)
-    where = (f"DistributedBatchNorm{2 if case['spatial'] else 1}d, {size} ranks, local batch "
-             f"sizes {sizes}, momentum={case['momentum']}")
-    split = lambda a: np.split(a, np.cumsum(sizes)[:-1])
-    if not all(r["is_student_class"] for r in res):
-        raise AssertionError(f"convert_batchnorm must replace nn.BatchNorm layers by "
-                             f"DistributedBatchNorm layers ({where})")
-    for step, (x, _) in enumerate(steps):
-        at = f"step {step + 1}, {where}"
-        got = [r["y"][step] for r in res]
-        match = lambda cand: all(np.allclose(g, c, atol=1e-4, rtol=1e-3) for g, c in zip(got, cand))
-        hint = next((f". Your output is {text}" for text, cand in
-                     zip(BN_FORWARD_FLAWS, _bn_candidates(case, x)) if match(cand)), "")
-        for rank, (r, y) in enumerate(zip(res, split(ref["y"][step]))):
-            _bn_close("output", r["y"][step], y, f"training output, {at}", rank, hint)
-        for rank, (r, dx) in enumerate(zip(res, split(ref["dx"][step]))):
-            _bn_close("input.grad", r["dx"][step], dx, f"gradient w.r.t. the input, {at}", rank)
-        for name in ("dweight", "dbias"):
-            _bn_close(f"{name[1:]}.grad", sum(r[name][step] for r in res), ref[name][step],
-                      f"gradient w.r.t. {name[1:]} summed over the ranks, {at}")
-    for rank, (r, want) in enumerate(zip(res, split(ref["eval"]))):
-        tracked = int(r["buffers"].get("num_batches_tracked", -1))
-        if tracked != BN_STEPS:
-            raise AssertionError(f"rank {rank}: num_batches_tracked is {tracked} after "
-                                 f"{BN_STEPS} training steps; expected {BN_STEPS} ({where})")
-        for name in ("running_mean", "running_var"):
-            _bn_close(name, r["buffers"][name], ref["buffers"][name],
-                      f"{name} after {BN_STEPS} steps, {where}", rank)
-        _bn_close("eval output", r["eval"], want, f"eval-mode output, {where}", rank)
-
-
-def check_sync_batchnorm(path, timeout=TIMEOUT):
-    """Check ``DistributedBatchNorm`` (via ``convert_batchnorm``) against ``nn.BatchNorm``
-    on the concatenated batch: outputs, input and parameter gradients, running statistics,
-    eval mode; BatchNorm1d and 2d, unequal local batch sizes, 2 and 3 ranks."""
-    for size in (2, 3):
-        res = run_ranks(path, f"{MODULE}:probe_sync_batchnorm", size, "gloo", timeout=timeout,
-                        what="DistributedBatchNorm")
-        for i, case in enumerate(BN_CASES[size]):
-            steps, x_eval = _bn_data(case)
-            ref = _bn_run(_bn_layer(case), steps, x_eval)
-            _check_bn_case(size, case, [r[i] for r in res], ref)

@@ -3,10 +3,11 @@ student's files of notebook 03, reproducing the seed notebook's experiments.
 
 Launch (from the folder that holds ``work/``)::
 
-    torchrun --nproc-per-node 2 -m exercise_utils.dist_train --work work --config c.yaml --out r.json
+    torchrun --nproc-per-node 2 -m exercise_utils.torch_distributed_collectives.train --work work \
+        --config c.yaml --out r.json
 
-or from Python: ``launch.torchrun("exercise_utils.dist_train", 2, ["--work", "work", ...],
-extra=["-m"])`` (what :func:`exercise_utils.dist_experiments.run_all` does).
+or from Python: ``launch.torchrun("exercise_utils.torch_distributed_collectives.train", 2,
+["--work", "work", ...], extra=["-m"])`` (what :func:`.experiments.run_all` does).
 
 ``--config`` is a YAML or JSON file with the seed's keys (``size``, ``partition_sizes``,
 ``custom_partition``, ``lr``, ``momentum``, ``use_batch_norm``, ``async_op``) and any of the
@@ -37,7 +38,8 @@ import sys
 import time
 from pathlib import Path
 
-from .config import quick
+from ..config import quick
+from . import uneven
 
 # Settings (each overridable in --config or on the command line, e.g. --epochs 3).
 DATASET = "auto"                    # Fashion-MNIST offline (load_dataset)
@@ -118,7 +120,7 @@ def load_work(folder, runs):
         dict: short name ("partition", ...) -> module (03_sync_batchnorm only when a run
         has ``sync_bn``, so the earlier sections work before that exercise is written).
     """
-    from .rankworker import load_student
+    from ..rankworker import load_student
     needed = [f for f in FILES if f != "03_sync_batchnorm" or any(r["sync_bn"] for r in runs)]
     missing = [f for f in needed if not (Path(folder) / f"{f}.py").exists()]
     if missing:
@@ -139,16 +141,6 @@ def my_indices(s, work, y, rank, size):
     return list(work["partition"].DataPartitioner(data, fractions, seed=1234).partitions[rank])
 
 
-def seed_async_average(model, size, group):
-    """The seed's averaging: start an all_reduce per gradient, never wait, divide at once."""
-    import torch.distributed as dist
-    handles = []
-    for p in model.parameters():
-        handles.append(dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group, async_op=True))
-        p.grad.data /= size
-    return handles
-
-
 def train_run(s, work, data, rank, size):
     """Train one run; return this rank's metrics dict."""
     import torch
@@ -158,7 +150,7 @@ def train_run(s, work, data, rank, size):
         seconds=s["async_timeout"] if s["async_op"] else s["gloo_timeout"]))
     (x, y), (vx, vy) = data
     torch.manual_seed(s["seed"])                          # same initial model on every rank
-    from .models import small_cnn
+    from ..models import small_cnn
     model = small_cnn(s["use_batch_norm"])
     if s["use_batch_norm"] and s["sync_bn"]:
         model = work["sync_batchnorm"].convert_batchnorm(model)
@@ -171,8 +163,8 @@ def train_run(s, work, data, rank, size):
         count = torch.tensor([len(batches)])
         dist.all_reduce(count, op=dist.ReduceOp.MIN, group=group)
         batches = batches[:int(count)]
-    averager = _joinable()(model, opt, work["average_gradients"], group,
-                              x[:0] if s["use_batch_norm"] and s["sync_bn"] else None)
+    empty_x = x[:0] if s["use_batch_norm"] and s["sync_bn"] else None
+    averager = uneven.shadow_class()(model, opt, work["average_gradients"], group, empty_x)
     pending, changed_before, changed_after, done = [], [], [], 0
     start = time.perf_counter()
     from torch.distributed.algorithms.join import Join
@@ -185,27 +177,27 @@ def train_run(s, work, data, rank, size):
                 loss.backward()
                 if s["async_op"]:
                     local = [p.grad.clone() / size for p in model.parameters()]
-                    pending += seed_async_average(model, size, group)
-                    changed_before.append(changed_fraction(model, local))
+                    pending += uneven.seed_async_average(model, size, group)
+                    changed_before.append(uneven.changed_fraction(model, local))
                     opt.step()
-                    changed_after.append(changed_fraction(model, local))
+                    changed_after.append(uneven.changed_fraction(model, local))
                 else:
                     work["average_gradients"].average_gradients(model, len(b), group=group)
                     opt.step()
             except RuntimeError as err:
-                _report_wait(err, f"[rank {rank}] stuck in the gradient all_reduce of batch "
-                                  f"{done + 1} of its {len(batches)}")
+                uneven.report_wait(err, f"[rank {rank}] stuck in the gradient all_reduce of "
+                                        f"batch {done + 1} of its {len(batches)}")
                 raise
             done += 1
     seconds = time.perf_counter() - start
     left = [h for h in pending if not h.is_completed()]
-    unmatched, failure = _wait_leftovers(left)
+    unmatched, failure = uneven.wait_leftovers(left)
     if s["uneven"] == "hang" and not s["async_op"]:
         try:
             dist.barrier(group=group)                    # the end-of-training synchronisation
         except RuntimeError as err:
-            _report_wait(err, f"[rank {rank}] ran all its {done} batches, then stuck in the "
-                              "end-of-training barrier")
+            uneven.report_wait(err, f"[rank {rank}] ran all its {done} batches, then stuck in "
+                                    "the end-of-training barrier")
             raise
     metrics = {"rank": rank, "samples": len(idx), "batches": done, "seconds": seconds,
                "shadow_steps": averager.shadow_steps, "labels": sorted(set(y[idx].tolist())),
@@ -218,63 +210,6 @@ def train_run(s, work, data, rank, size):
                        async_unmatched_error=failure)
     dist.destroy_process_group(group)
     return metrics
-
-
-def _joinable():
-    """Define ShadowJoinable as a real ``Joinable`` (lazily: torch is imported in the ranks)."""
-    import torch
-    from torch.distributed.algorithms.join import Join, Joinable, JoinHook
-
-    class Shadow(Joinable):
-        """Joinable for the student's average_gradients: a rank that ran out of batches
-        shadows each step of the others (a forward/backward on an empty batch when
-        DistributedBatchNorm communicates in it, then average_gradients with 0 samples
-        and the optimizer step), so collectives match and replicas stay identical."""
-
-        def __init__(self, model, opt, averaging, group, empty_x):
-            super().__init__()
-            self.model, self.opt, self.averaging, self.group = model, opt, averaging, group
-            self.empty_x, self.shadow_steps = empty_x, 0
-
-        def notify(self):
-            """Call at the start of every real step (before any of its collectives)."""
-            work = Join.notify_join_context(self)
-            if work is not None:
-                work.wait()
-
-        def shadow_step(self):
-            self.shadow_steps += 1
-            self.opt.zero_grad(set_to_none=False)
-            if self.empty_x is not None:
-                self.model(self.empty_x).sum().backward()
-            for p in self.model.parameters():       # the same gradients as the other ranks
-                if p.grad is None and p.requires_grad:  # (frozen parameters have none there)
-                    p.grad = torch.zeros_like(p)
-            self.averaging.average_gradients(self.model, 0, group=self.group)
-            self.opt.step()
-
-        def join_hook(self, **kwargs):
-            joinable = self
-
-            class Hook(JoinHook):
-                def main_hook(self):
-                    joinable.shadow_step()
-            return Hook()
-
-        @property
-        def join_device(self):
-            return torch.device("cpu")
-
-        @property
-        def join_process_group(self):
-            return self.group
-    return Shadow
-
-
-def changed_fraction(model, local):
-    """Fraction of gradient elements that differ from ``local`` (the unaveraged grad / size)."""
-    changed = sum((p.grad != g).sum().item() for p, g in zip(model.parameters(), local))
-    return changed / sum(g.numel() for g in local)
 
 
 def evaluate(model, x, y, prefix):
@@ -307,36 +242,10 @@ def divergence(model):
     return out
 
 
-GLOO_FAILURES = ("Timed out", "timeout", "Connection closed", "pair closure", "Connection reset")
-
-
-def _report_wait(err, where):
-    """Print where this rank waited when a collective failed (gloo timeout or a peer gone),
-    then give the peer a second to report its own wait before torchrun stops everything."""
-    if any(text in str(err) for text in GLOO_FAILURES):
-        # one write of the whole line: print() writes the text and the newline separately,
-        # and the other rank's line, in the same pipe, can land between them
-        sys.stdout.write(f"{where}: {err}\n")
-        sys.stdout.flush()
-        time.sleep(1.0)
-
-
-def _wait_leftovers(handles):
-    """Wait for the seed's never-waited all_reduces that were still pending after training:
-    an unmatched one fails after the group's timeout. Returns (how many failed, first error)."""
-    failed, first = 0, None
-    for h in handles:
-        try:
-            h.wait()
-        except RuntimeError as err:
-            failed, first = failed + 1, first or f"{type(err).__name__}: {err}"
-    return failed, first
-
-
 def main(argv=None):
     import torch
     import torch.distributed as dist
-    from .data import load_dataset
+    from ..data import load_dataset
     args = parse_args(argv)
     runs = run_settings(args)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

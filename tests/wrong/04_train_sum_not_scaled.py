@@ -8,8 +8,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from exercise_utils import cifar_dp
-from exercise_utils import cifar_tricks as T
+from exercise_utils.resnet_cifar_data_parallel import runner
+from exercise_utils.resnet_cifar_data_parallel import tricks as T
 from exercise_utils.models import ResNetBagOfTricks
 
 
@@ -22,7 +22,7 @@ def rank_process(rank, world_size, config):
     2. Initialise the default process group on that store with the same timeout: backend
        "nccl" when CUDA has at least ``world_size`` GPUs (rank r then trains on ``cuda:r``),
        otherwise "gloo" (on ``cuda:0`` if there is one GPU, shared by the ranks, else on CPU).
-       ``cifar_dp.choose_backend(world_size, rank)`` returns that (backend, device) pair.
+       ``runner.choose_backend(world_size, rank)`` returns that (backend, device) pair.
     3. Run ``train(rank, world_size, config, device)``; when it returns, ``dist.barrier()``,
        then always (also when train raised) ``dist.destroy_process_group()``.
 
@@ -32,7 +32,7 @@ def rank_process(rank, world_size, config):
     timeout = datetime.timedelta(seconds=config.timeout_s)
     store = dist.TCPStore(config.master_addr, config.master_port, world_size,
                           is_master=rank == 0, timeout=timeout)
-    backend, device = cifar_dp.choose_backend(world_size, rank)
+    backend, device = runner.choose_backend(world_size, rank)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timeout)
     try:
@@ -56,7 +56,7 @@ def train(rank, world_size, config, device):
         record per epoch (time, training loss, validation accuracy of the EMA model).
     """
     leader = rank == 0
-    train_set = cifar_dp.load_data(config, "train", verbose=leader)
+    train_set = runner.load_data(config, "train", verbose=leader)
     batch_size = config.batch_size
 
     # TODO 1: minibatch_size (this rank's share of the batch) and this rank's slice of the
@@ -94,17 +94,17 @@ def train(rank, world_size, config, device):
 
     # TODO 3: the EMA model (used for validation): on the leader only (ema = None elsewhere).
     ema = T.EMA(model, config.ema_momentum) if leader else None
-    test_set = cifar_dp.load_data(config, "test", verbose=False) if leader else None
+    test_set = runner.load_data(config, "test", verbose=False) if leader else None
 
     generator = torch.Generator().manual_seed(config.seed * 1000 + rank)
     history, step = [], 0
     for epoch in range(1, config.epochs + 1):
-        cifar_dp.synchronize(device)
+        runner.synchronize(device)
         start, loss_sum, seen = time.perf_counter(), 0.0, 0
         for xb, yb in T.minibatches(x_local, y_local, minibatch_size, generator,
                                     augment=config.augment):
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-            with cifar_dp.autocast(device, config):
+            with runner.autocast(device, config):
                 loss = T.label_smoothing_loss(model(xb), yb, config.label_smoothing).sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -123,17 +123,17 @@ def train(rank, world_size, config, device):
             # TODO 5: on the leader, update the EMA model every config.ema_every steps.
             if ema is not None and step % config.ema_every == 0:
                 ema.update(model)
-        cifar_dp.synchronize(device)
+        runner.synchronize(device)
         seconds = time.perf_counter() - start
 
         # TODO 6: on the leader only, validate the EMA model and log the epoch:
-        # history.append(cifar_dp.epoch_record(epoch, seconds, loss_sum / seen, accuracy))
+        # history.append(runner.epoch_record(epoch, seconds, loss_sum / seen, accuracy))
         if leader:
             accuracy = T.evaluate(ema.model, test_set.x, test_set.y)
-            history.append(cifar_dp.epoch_record(epoch, seconds, loss_sum / seen, accuracy))
-    return cifar_dp.summary(rank, world_size, config, device, len(x_local), minibatch_size,
+            history.append(runner.epoch_record(epoch, seconds, loss_sum / seen, accuracy))
+    return runner.summary(rank, world_size, config, device, len(x_local), minibatch_size,
                             steps_per_epoch, history)
 
 
 if __name__ == "__main__":
-    cifar_dp.main(rank_process)
+    runner.main(rank_process)

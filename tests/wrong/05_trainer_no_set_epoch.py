@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from exercise_utils import ddp_run
+from exercise_utils.ddp_torchrun_fault_tolerance import runner
 
 
 def ddp_setup(config):
@@ -62,13 +62,13 @@ class Trainer:
 
         The snapshot (a dict for ``torch.save``) holds: "model" (the unwrapped module's
         state_dict), "optimizer", "scheduler", "epochs_run", "step", and "rng": the random
-        states of EVERY rank (``ddp_run.rng_state()`` gathered with all_gather_object; rank r
+        states of EVERY rank (``runner.rng_state()`` gathered with all_gather_object; rank r
         restores entry r). Rank 0 writes it to a temporary file next to config.snapshot and
         renames it over config.snapshot (``os.replace``: atomic, so a crash during the write
         never leaves a torn snapshot); then all ranks meet at a barrier.
         """
         rng = [None] * self.world_size
-        dist.all_gather_object(rng, ddp_run.rng_state())
+        dist.all_gather_object(rng, runner.rng_state())
         if self.rank == 0:
             snapshot = {"model": self.model.module.state_dict(),
                         "optimizer": self.optimizer.state_dict(),
@@ -89,7 +89,7 @@ class Trainer:
         self.optimizer.load_state_dict(snapshot["optimizer"])
         self.scheduler.load_state_dict(snapshot["scheduler"])
         self.epochs_run, self.step = snapshot["epochs_run"], snapshot["step"]
-        ddp_run.set_rng_state(snapshot["rng"][self.rank])
+        runner.set_rng_state(snapshot["rng"][self.rank])
         if self.rank == 0:
             print(f"resumed from {self.config.snapshot}: {self.epochs_run} epoch(s) done, "
                   f"step {self.step}", flush=True)
@@ -104,13 +104,13 @@ class Trainer:
         for x, y in self.loader:
             x, y = x.to(self.device), y.to(self.device)
             self.optimizer.zero_grad(set_to_none=True)
-            loss = ddp_run.loss_fn(self.model(x), y)
+            loss = runner.loss_fn(self.model(x), y)
             loss.backward()                      # DDP averages the gradients here
             self.optimizer.step()
             self.scheduler.step()
             self.step += 1
             total, count = total + loss.item() * len(y), count + len(y)
-            ddp_run.fault_point(self)            # crashes here when asked (fault injection)
+            runner.fault_point(self)             # crashes here when asked (fault injection)
         return total / max(count, 1)
 
     def train(self):
@@ -127,4 +127,4 @@ class Trainer:
 
 
 if __name__ == "__main__":
-    ddp_run.main(ddp_setup, Trainer)
+    runner.main(ddp_setup, Trainer)

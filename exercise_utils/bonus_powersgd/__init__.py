@@ -1,0 +1,11 @@
+"""Notebook 08 (bonus), PowerSGD: rank-r gradient compression by one warm-started power
+iteration with error feedback; accuracy against bytes, beside torch's ``powerSGD_hook``.
+
+Modules:
+
+* ``checks``: ``check_orthogonalize``, ``check_compression_rank`` and ``check_powersgd``;
+* ``probes``: what runs inside the ranks those checks start (the recorder and the probe);
+* ``reference``: the inputs and the float64 replay of PowerSGD the checks compare with;
+* ``experiments``: training accuracy against bytes sent (a torchrun script), tables, plots;
+* ``paper``: the paper's CIFAR-10 figures, its data column recomputed from ResNet-18.
+"""

@@ -1,0 +1,14 @@
+"""Notebook 05, DistributedDataParallel under torchrun: a ``Trainer`` with snapshots that lose
+nothing, restarts after injected crashes, the learning-rate scaling rule, a two-node job on
+one machine, and uneven inputs with DDP's ``join``.
+
+Modules:
+
+* ``checks``: ``check_trainer`` and ``check_snapshots``;
+* ``probes``: the entry point every torchrun worker of a checked job runs (recorders);
+* ``runner``: settings, data, model, fault injection and ``main`` of the student's trainer;
+* ``lr_scaling``: the accuracy drop with more workers and its fix (a torchrun script);
+* ``multinode``: two torchrun agents on one machine form one job; cluster and SLURM commands;
+* ``hello``: the multi-node hello-world every worker runs (copy it to a cluster);
+* ``join``: uneven inputs under DDP, the hang and ``model.join()`` (a torchrun script).
+"""

@@ -1,0 +1,14 @@
+"""Notebook 01, parallel SGD with MPI: synchronous data-parallel SGD from nothing but MPI
+messages (shards and scatter, parameter broadcast, one-Allreduce gradient averaging, a stop
+rule all ranks agree on, one-shot model averaging), and what more processes buy on 2 cores.
+
+Modules:
+
+* ``checks``: the ``check_*`` functions of the notebook's CHECK cells;
+* ``probes``: what runs inside the MPI ranks those checks start (and the inputs they share);
+* ``train``: the training script built from the student's files
+  (``mpiexec -n 4 python -m exercise_utils.mpi_parallel_sgd.train``);
+* ``bench``: mpi4py's pickle-based against its buffer-based API (an ``mpiexec`` script);
+* ``experiments``: the notebook's scaling and averaging experiments, tables and plots;
+* ``demo``: ``make demo``, the scaling experiment headless.
+"""

@@ -1,0 +1,144 @@
+"""What runs inside the MPI ranks that notebook 01's checkers start, and the inputs they share.
+
+Each ``probe_*(student, ctx, ...)`` is called by :func:`exercise_utils.harness.run_ranks` in a
+fresh process under ``mpiexec`` with the imported student module and ``ctx.comm``; it calls the
+student's functions on fixed inputs and returns what came out (no verdict: that is
+:mod:`.checks`). :class:`CountingComm` wraps the communicator to count every communication
+call and the elements it carried.
+
+Used in 01_mpi_parallel_sgd.
+"""
+from collections import Counter
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..harness import state_arrays
+from ..models import BNNet, MPINet, TinyMLP
+
+COLLECTIVES = ("Allreduce", "allreduce", "Reduce", "reduce", "Bcast", "bcast", "Gather",
+               "gather", "Allgather", "allgather", "Scatter", "scatter", "Send", "send",
+               "Recv", "recv", "Sendrecv", "sendrecv", "Isend", "isend", "Irecv", "irecv",
+               "Iallreduce", "Reduce_scatter", "Alltoall", "alltoall", "Barrier", "barrier")
+
+
+class CountingComm:
+    """Wraps an MPI communicator; counts every communication call and the elements sent."""
+
+    def __init__(self, comm):
+        self._comm, self.calls, self.elements = comm, Counter(), Counter()
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        if name not in COLLECTIVES:
+            return attr
+
+        def counted(*args, **kwargs):
+            from mpi4py import MPI          # only in worker processes, never in the kernel
+            self.calls[name] += 1
+            bufs = [a for a in args if a is not MPI.IN_PLACE]
+            self.elements[name] += _numel(bufs[0]) if bufs and name[0].isupper() else 0
+            return attr(*args, **kwargs)
+        return counted
+
+
+def _numel(buf):
+    if isinstance(buf, (list, tuple)):
+        buf = buf[0]
+    size = getattr(buf, "size", None)
+    return int(size() if callable(size) else size or 0)
+
+
+# ---------------------------------------------------------------- shards + scatter
+SHARD_CASES = [(n, s) for n in (11, 13, 10, 61, 60, 5, 2, 1, 0) for s in (3, 2, 4, 5, 7, 1)]
+
+
+def _student_bounds(student, cases):
+    return [[tuple(int(v) for v in b) for b in student.shard_bounds(n, s)] for n, s in cases]
+
+
+def probe_scatter(student, ctx, n, root):
+    bounds = _student_bounds(student, SHARD_CASES) if ctx.rank == 0 else None
+    x = y = None
+    if ctx.rank == root:
+        x = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3)
+        y = torch.arange(n)
+    xs, ys = student.scatter_shards(ctx.comm, x, y, root=root)
+    return bounds, np.asarray(xs), np.asarray(ys)
+
+
+# ---------------------------------------------------------------- broadcast
+def probe_broadcast(student, ctx, root):
+    torch.manual_seed(100 + ctx.rank)
+    model = BNNet()
+    model(torch.randn(8, 10))                         # rank-specific BatchNorm buffers
+    before = state_arrays(model)
+    ptrs = [t.data_ptr() for t in model.state_dict().values()]
+    student.broadcast_parameters(ctx.comm, model, root=root)
+    same = ptrs == [t.data_ptr() for t in model.state_dict().values()]
+    return before, state_arrays(model), same
+
+
+# ---------------------------------------------------------------- gradient averaging
+SGD_STEPS, LOCAL_BATCH, LR = 4, 4, 0.05
+
+
+def sgd_model():
+    torch.manual_seed(0)
+    model = MPINet()
+    model.conv1.bias.requires_grad_(False)            # a frozen parameter: no gradient
+    return model
+
+
+def sgd_batches(size):
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(SGD_STEPS, LOCAL_BATCH * size, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (SGD_STEPS, LOCAL_BATCH * size), generator=g)
+    return x, y
+
+
+def sgd_run(model, x, y, after_backward=None):
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR, momentum=0.9)
+    for xb, yb in zip(x, y):
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        if after_backward:
+            after_backward()
+        opt.step()
+    return state_arrays(model)
+
+
+def probe_sgd(student, ctx):
+    model, comm = sgd_model(), CountingComm(ctx.comm)
+    x, y = sgd_batches(ctx.size)
+    part = slice(ctx.rank * LOCAL_BATCH, (ctx.rank + 1) * LOCAL_BATCH)
+    state = sgd_run(model, x[:, part], y[:, part], lambda: student.average_gradients(comm, model))
+    return state, dict(comm.calls), dict(comm.elements)
+
+
+# ---------------------------------------------------------------- model averaging
+def probe_average(student, ctx, root):
+    torch.manual_seed(7 + ctx.rank)
+    model = TinyMLP()
+    before = state_arrays(model)
+    student.average_weights(ctx.comm, model, root=root)
+    return before, state_arrays(model)
+
+
+# ---------------------------------------------------------------- convergence
+CONVERGED_CASES = [((None, 1.0, 0.01), False), ((1.0, 0.995, 0.01), True),
+                   ((1.0, 0.9, 0.01), False), ((2.0, 1.99, 0.01), True),
+                   ((1.0, 1.5, 0.01), False), ((0.5, 0.5, 0.0), True)]
+LOSS_SUMS, COUNTS = [3.0, 10.0, 1.0], [10, 20, 5]
+
+
+def probe_convergence(student, ctx):
+    decisions = []
+    for args, _ in CONVERGED_CASES:
+        try:
+            decisions.append(bool(student.converged(*args)))
+        except Exception as exc:  # reported per case, not as a crash
+            decisions.append({"raised": f"{type(exc).__name__}: {exc}"})
+    loss = student.global_loss(ctx.comm, LOSS_SUMS[ctx.rank], COUNTS[ctx.rank])
+    return decisions, float(loss)

@@ -1,0 +1,102 @@
+"""Find and stop every process a launch started: the launcher's guarantee that nothing is left.
+
+Every process :mod:`exercise_utils.launch` starts carries a tag in its environment
+(``DTFS_LAUNCH_TAG=<launcher pid>:<id>``), inherited by everything it starts in turn, also by
+workers that ``mpiexec`` or ``torchrun`` put in new sessions. :func:`cleanup` kills a launch's
+process group, every child seen while it ran and every process still carrying its tag;
+:func:`tagged_processes` finds them (``tests/conftest.py`` fails a test that leaves one alive).
+
+Used by :mod:`exercise_utils.launch` and :mod:`exercise_utils.launch_many` (every notebook).
+"""
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+
+TAG = "DTFS_LAUNCH_TAG"
+
+
+def tagged_processes(tag):
+    """Return every live process whose environment carries ``DTFS_LAUNCH_TAG=tag``.
+
+    ``tag`` may also be a predicate called with each process's tag value.
+    """
+    match = tag if callable(tag) else tag.__eq__
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            value = proc.environ().get(TAG)
+            if (proc.pid != os.getpid() and value and match(value)
+                    and proc.status() != psutil.STATUS_ZOMBIE):
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def kill_processes(procs, grace=1.0):
+    """Terminate, then kill, the given psutil processes and wait for them.
+
+    Returns:
+        list[int]: the pids that were still alive and had to be stopped.
+    """
+    alive = [p for p in procs if _is_alive(p)]
+    for p in alive:
+        _signal(p, signal.SIGTERM)
+    _, still = psutil.wait_procs(alive, timeout=grace)
+    for p in still:
+        _signal(p, signal.SIGKILL)
+    psutil.wait_procs(still, timeout=grace)
+    return [p.pid for p in alive]
+
+
+def _is_alive(p):
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal(p, sig):
+    try:
+        p.send_signal(sig)
+    except psutil.Error:
+        pass
+
+
+def die_with_parent():
+    """In the child: ask Linux for SIGTERM when the launching process dies (even by SIGKILL,
+    e.g. a notebook kernel restart), so mpiexec / torchrun stop their workers too."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+
+
+def remember_children(seen):
+    for p in list(seen.values()):
+        try:
+            for child in p.children(recursive=True):
+                seen.setdefault(child.pid, child)
+        except psutil.Error:
+            continue
+
+
+def cleanup(proc, tag, seen):
+    """Kill the launched process group, every remembered child and every tagged process."""
+    remember_children(seen)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    victims = {p.pid: p for p in list(seen.values()) + tagged_processes(tag)}
+    killed = kill_processes(list(victims.values()))
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    # A process may have forked while we were killing: one more sweep.
+    killed += kill_processes(tagged_processes(tag))
+    return sorted(set(killed))

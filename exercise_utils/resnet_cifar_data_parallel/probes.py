@@ -1,0 +1,156 @@
+"""What runs inside the two processes of notebook 04's checks: recording parts and the probes.
+
+Both checks run the student's ``work/04_cifar_dp.py`` in 2 fresh processes (the student's own
+``rank_process`` sets up the TCPStore and the gloo process group). :func:`probe_train`
+replaces the trainer's parts from :mod:`.tricks` and the model by recording ones (also where
+the student imported their names), so it reports, per rank, every minibatch trained on, the
+parameters at the first and the last step, which ranks built and updated an EMA model and
+which validated. :func:`probe_rank_process` hands ``rank_process`` a stand-in ``train``.
+The verdicts are in :mod:`.checks`.
+
+Used in 04_resnet_cifar_data_parallel.
+"""
+import dataclasses
+import os
+import time
+import traceback
+
+import torch
+
+from .. import models
+from ..config import quick
+from . import runner, tricks
+
+WORLD = 2
+MINIBATCH = 8                 # examples per rank and step (= one ghost batch)
+
+
+# 47 examples: 23 per rank, 2 minibatches each (7 left over). Giving the last rank "the rest"
+# (24) or striding (24 / 23) gives one rank a third minibatch: the classic hang.
+CONFIG = runner.TrainConfig(
+    data="synthetic-cifar10", train_size=WORLD * (3 * MINIBATCH - 1) + 1, test_size=32, epochs=2,
+    batch_size=WORLD * MINIBATCH, width=4, ghost_size=MINIBATCH, ema_every=2,
+    whitening_examples=40, augment=False, amp=False, seed=3, timeout_s=quick(30, 20), threads=1)
+
+
+class _Record:
+    def __init__(self):
+        self.epochs, self.init, self.model, self.ema_made, self.ema_updates = [], None, None, 0, 0
+        self.evaluations, self.train_calls, self.backend, self.device = 0, 0, None, None
+
+
+REC = _Record()
+
+
+class _RecordedModel(models.ResNetBagOfTricks):
+    def forward(self, x):
+        if self.training and torch.is_grad_enabled() and REC.init is None:
+            REC.init, REC.model = params(self), self
+        return super().forward(x)
+
+
+class _RecordedEMA(tricks.EMA):
+    def __init__(self, *args, **kwargs):
+        REC.ema_made += 1
+        super().__init__(*args, **kwargs)
+
+    def update(self, model):
+        REC.ema_updates += 1
+        return super().update(model)
+
+
+def _recorded_minibatches(*args, **kwargs):
+    epoch = []
+    REC.epochs.append(epoch)
+    for xb, yb in ORIGINAL["minibatches"](*args, **kwargs):
+        epoch.append((xb.detach().cpu().numpy().copy(), yb.detach().cpu().numpy().copy()))
+        yield xb, yb
+
+
+def _recorded_evaluate(*args, **kwargs):
+    REC.evaluations += 1
+    return ORIGINAL["evaluate"](*args, **kwargs)
+
+
+ORIGINAL = {"ResNetBagOfTricks": models.ResNetBagOfTricks, "EMA": tricks.EMA,
+             "minibatches": tricks.minibatches, "evaluate": tricks.evaluate}
+REPLACEMENT = {"ResNetBagOfTricks": _RecordedModel, "EMA": _RecordedEMA,
+                "minibatches": _recorded_minibatches, "evaluate": _recorded_evaluate}
+
+
+def _install(student):
+    """Replace the trainer's parts by recording ones, also where the student imported names."""
+    models.ResNetBagOfTricks = _RecordedModel
+    for name in ("EMA", "minibatches", "evaluate"):
+        setattr(tricks, name, REPLACEMENT[name])
+    for key, value in list(vars(student).items()):
+        for name, original in ORIGINAL.items():
+            if value is original:
+                setattr(student, key, REPLACEMENT[name])
+
+
+def params(model):
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.named_parameters()}
+
+
+def _error_text(exc, student):
+    """The error and the traceback lines in the student's file (else the last three)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if f.filename == student.__file__] or frames[-3:]
+    return f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_list(mine))
+
+
+def probe_train(student, ctx, config):
+    """Run the student's rank_process with recording parts; report what each rank did."""
+    config = dataclasses.replace(config, master_port=int(os.environ["MASTER_PORT"]))
+    torch.manual_seed(1000 + ctx.rank)      # the ranks' global random states differ
+    _install(student)
+    error, when = None, None
+    try:
+        student.rank_process(ctx.rank, ctx.size, config)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported with the counts, see check_train
+        error, when = _error_text(exc, student), time.time()
+    final = params(REC.model) if REC.model is not None else None
+    return dict(error=error, error_time=when, epochs=REC.epochs, init=REC.init, final=final,
+                ema_made=REC.ema_made, ema_updates=REC.ema_updates, evaluations=REC.evaluations)
+
+
+def probe_rank_process(student, ctx, config, ports):
+    """Run rank_process with a stand-in train (a correct one, and one that raises)."""
+    import torch.distributed as dist
+    seen = []
+
+    def fake_train(rank, world_size, cfg, device):
+        seen.append(dict(rank=rank, world_size=world_size, device=str(device),
+                         backend=dist.get_backend(), group_rank=dist.get_rank(),
+                         group_size=dist.get_world_size()))
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        seen[-1]["sum"] = float(t)
+        if cfg.seed == 666:
+            raise KeyError("train failed on purpose")
+        return {"rank": rank, "ok": True}
+
+    student.train = fake_train
+    out = {}
+    for case, port in zip(("returns", "raises"), ports):
+        cfg = dataclasses.replace(config, master_port=port, seed=666 if case == "raises" else 0)
+        try:
+            out[case] = {"value": student.rank_process(ctx.rank, ctx.size, cfg)}
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            out[case] = {"raised": f"{type(exc).__name__}: {exc}"}
+        out[case]["seen"] = seen[-1] if seen else None
+        out[case]["still_initialized"] = dist.is_initialized()
+        if dist.is_initialized():
+            # Tidy up what the student left (a live gloo group aborts the process at exit,
+            # which could kill the other rank before it reports); the ranks are in step here.
+            try:
+                dist.barrier()
+            finally:
+                dist.destroy_process_group()
+            break
+    return out
