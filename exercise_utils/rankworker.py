@@ -13,8 +13,9 @@ Launched by the harness, e.g.::
 Used by every checker (01_mpi_parallel_sgd onwards).
 """
 import argparse
-import gc
+import contextlib
 import datetime
+import gc
 import importlib
 import importlib.util
 import os
@@ -35,6 +36,32 @@ def load_student(path):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def gloo_group(timeout_s, threads=None):
+    """Inside a torchrun worker: join the job's gloo group (``env://``) for the block.
+
+    Yields ``(rank, world_size)``. A block that ends normally waits for every rank (barrier);
+    either way the garbage collector then frees what still holds the group (DDP models and
+    autograd graphs in reference cycles: freed only at interpreter exit, their gloo threads can
+    abort the process with SIGABRT, seen in CI) before the group is destroyed.
+
+    Args:
+        timeout_s: seconds a collective waits before gloo raises (a missing peer fails fast).
+        threads: torch threads of this worker (None: leave as is).
+    """
+    import torch
+    import torch.distributed as dist
+    if threads:
+        torch.set_num_threads(threads)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        yield dist.get_rank(), dist.get_world_size()
+        dist.barrier()
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
 
 
 def not_implemented(student, exc):

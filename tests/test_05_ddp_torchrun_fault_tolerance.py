@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from exercise_utils import launch
-from exercise_utils.ddp_torchrun_fault_tolerance import checks, join, runner
+from exercise_utils.ddp_torchrun_fault_tolerance import checks, runner
+from exercise_utils.ddp_torchrun_fault_tolerance import join as ddp_join
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 from grading import autograde_solution_and_blank
 
@@ -123,7 +124,7 @@ def assert_hang_ends_by_the_gloo_timeout_and_leaves_no_process(hang):
     assert hang["waits"][1] == (f"ran all its {short} batches, then stuck in the "
                                 "end-of-training barrier"), hang["waits"]
     assert hang["steps"] == [short, short], hang     # without join: rank 0 stops short
-    assert hang["seconds"] < join.TIMEOUT / 2, hang     # the gloo timeout, not the launcher
+    assert hang["seconds"] < ddp_join.TIMEOUT / 2, hang     # the gloo timeout, not the launcher
     assert hang["left_processes"] == []
 
 
@@ -142,7 +143,7 @@ def assert_join_replicas_identical_and_equal_to_the_one_process_simulation(join)
 
 
 def assert_table_shows_both_outcomes(hang, join):
-    text = join.table([hang, join])
+    text = ddp_join.table([hang, join])
     lines = text.splitlines()
     assert len(lines) == 4, text
     assert "gloo timeout after" in lines[2] and "6 / 6" in lines[2], text

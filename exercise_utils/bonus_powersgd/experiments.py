@@ -26,11 +26,9 @@ about twice that over the wire). Rank 0 evaluates on the test subset and writes 
 (the paper's figures are in :mod:`.paper`). Used in 08_bonus_powersgd.
 """
 import argparse
-import gc
 import json
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 from ..bench import pyplot, save_figure
@@ -173,16 +171,11 @@ def _average(params, k):
 def main(argv=None):
     """Entry point of every worker started by torchrun (see the module docstring)."""
     args = parse_args(argv)
-    import torch
-    import torch.distributed as dist
-
+    from ..bench import save_json
     from ..data import load_dataset
-    from ..rankworker import load_student
+    from ..rankworker import gloo_group, load_student
 
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
-    rank, k = dist.get_rank(), dist.get_world_size()
-    try:
+    with gloo_group(PG_TIMEOUT_S, args.threads) as (rank, k):
         student = load_student(args.student) if "yours" in args.methods else None
         train = load_dataset(args.data, "train", subset=args.train_size, seed=0,
                              verbose=rank == 0)
@@ -191,15 +184,7 @@ def main(argv=None):
                 ([None] if m == "uncompressed" else args.ranks)]
         rows = [train_one(args, m, r, student, train, test, rank, k) for m, r in plan]
         if rank == 0:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
-        dist.barrier()
-    finally:
-        # DDP models left in reference cycles still hold the group: free them now, or gloo's
-        # threads may abort the process at interpreter exit (SIGABRT; see
-        # ddp_torchrun_fault_tolerance/runner.py, main)
-        gc.collect()
-        dist.destroy_process_group()
+            save_json(args.out, {"rows": rows})
 
 
 # ----------------------------------------------------------------- notebook side

@@ -25,7 +25,6 @@ import json
 import sys
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 
 from ..config import quick
@@ -133,14 +132,11 @@ def measure(variant, zero, args, rank, world):
 def main(argv=None):
     """Entry point of every rank started by torchrun (see the module docstring)."""
     args = parse_args(argv)
-    import torch
     import torch.distributed as dist
-    from ..rankworker import load_student
+    from ..bench import save_json
+    from ..rankworker import gloo_group, load_student
 
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    try:
+    with gloo_group(PG_TIMEOUT_S, args.threads) as (rank, world):
         start, zero = time.perf_counter(), load_student(args.work)
         for variant in VARIANTS:     # warm-up: code loaded on first use is not the state's
             measure(variant, zero, argparse.Namespace(**dict(vars(args), width=16)), rank, world)
@@ -153,11 +149,7 @@ def main(argv=None):
         if rank == 0:
             rows = [r for per_rank in gathered for r in per_rank]
             config = dict(vars(args), world_size=world, seconds=time.perf_counter() - start)
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps({"config": config, "rows": rows}, indent=1))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+            save_json(args.out, {"config": config, "rows": rows})
 
 
 def run(work="work/07_zero.py", out="results/07_zero_bench.json", world_sizes=WORLD_SIZES,

@@ -20,12 +20,10 @@ compute does not explain (communication not hidden, copies, waits). Sanity: ``ra
 Rank 0 writes JSON. Used in 06_build_your_own_ddp (:func:`run`, :func:`table`, :func:`plot`).
 """
 import argparse
-import gc
 import json
 import statistics
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 from ..bench import pyplot, save_figure
@@ -197,28 +195,16 @@ def benchmark(ddp, args, rank, world):
 def main(argv=None):
     """Entry point of every rank started by torchrun (see the module docstring)."""
     args = parse_args(argv)
-    import torch
-    import torch.distributed as dist
-    from ..rankworker import load_student
+    from ..bench import save_json
+    from ..rankworker import gloo_group, load_student
 
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    try:
+    with gloo_group(PG_TIMEOUT_S, args.threads) as (rank, world):
         start = time.perf_counter()
         rows = benchmark(load_student(args.work), args, rank, world)
         if rank == 0:
             config = dict(vars(args), seconds=time.perf_counter() - start)
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps({"config": config, "rows": rows}, indent=1))
+            save_json(args.out, {"config": config, "rows": rows})
             print(table(rows), flush=True)
-        dist.barrier()
-    finally:
-        # DDP models left in reference cycles still hold the group: free them now, or gloo's
-        # threads may abort the process at interpreter exit (SIGABRT; see
-        # ddp_torchrun_fault_tolerance/runner.py, main)
-        gc.collect()
-        dist.destroy_process_group()
 
 
 def run(work="work/06_myddp.py", out="results/06_ddp_bench.json", extra=(), echo=True,

@@ -19,12 +19,10 @@ no process left behind), :func:`sweep` runs the notebook's comparison, :func:`su
 :func:`table` and :func:`plot` present it. Used in 05_ddp_torchrun_fault_tolerance.
 """
 import argparse
-import gc
 import json
 import math
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 from ..bench import pyplot, save_figure
@@ -163,27 +161,16 @@ def train_one(args, seed, train, test, rank, k):
 def main(argv=None):
     """Entry point of every worker started by torchrun (see the module docstring)."""
     args = parse_args(argv)
-    import torch
-    import torch.distributed as dist
-
+    from ..bench import save_json
     from ..data import load_dataset
+    from ..rankworker import gloo_group
 
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
-    rank, k = dist.get_rank(), dist.get_world_size()
-    try:
+    with gloo_group(PG_TIMEOUT_S, args.threads) as (rank, k):
         train = load_dataset(args.data, "train", subset=args.train_size, seed=0, verbose=rank == 0)
         test = load_dataset(args.data, "test", subset=args.test_size, seed=0, verbose=rank == 0)
         rows = [train_one(args, seed, train, test, rank, k) for seed in args.seeds]
         if rank == 0:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
-        dist.barrier()
-    finally:
-        # DDP models left in reference cycles still hold the group: free them now, or gloo's
-        # threads may abort the process at interpreter exit (SIGABRT; see runner.main)
-        gc.collect()
-        dist.destroy_process_group()
+            save_json(args.out, {"rows": rows})
 
 
 # ----------------------------------------------------------------- notebook side (no DDP here)
