@@ -15,6 +15,7 @@ STEM = "01_mpi_parallel_sgd"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 RELEASE = ROOT / "notebooks" / "01_mpi_parallel_sgd.ipynb"
 WRONG = ROOT / "tests" / "wrong"
+RIGHT = ROOT / "tests" / "right"
 CHECKERS = {"shards": checks.check_shards, "broadcast": checks.check_broadcast,
             "allreduce_sgd": checks.check_allreduce_sgd,
             "model_averaging": checks.check_model_averaging,
@@ -63,6 +64,24 @@ def test_checker_rejects_wrong_file(stem):
     with pytest.raises(AssertionError) as err:
         CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py", timeout=timeout)
     assert EXPECTED[stem] in str(err.value)
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in RIGHT.glob("01_*.py")))
+def test_checker_accepts_right_file(stem):
+    """Correct files written differently from the solution (tests/right/) must pass."""
+    CHECKERS[exercise_of(stem)](RIGHT / f"{stem}.py")
+
+
+def test_counter_sizes_every_kind_of_mpi_buffer():
+    """The probe's call counter reads the size of numpy arrays, torch tensors (whose size() is a
+    torch.Size: counting it crashed with a TypeError on the student's line) and [buffer, type]."""
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+    from exercise_utils.mpi_parallel_sgd.probes import _numel
+    assert _numel(torch.zeros(3, 4)) == 12
+    assert _numel(np.zeros((2, 5))) == 10
+    assert _numel([np.zeros(7, dtype=np.float32), MPI.FLOAT]) == 7
 
 
 # ------------------------------------------------------------------ whole notebook

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEM = "05_ddp_torchrun_fault_tolerance"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 WRONG = ROOT / "tests" / "wrong"
+RIGHT = ROOT / "tests" / "right"
 POINTS = 8
 CHECKERS = {"trainer": checks.check_trainer, "snapshots": checks.check_snapshots}
 
@@ -53,6 +54,19 @@ def test_checker_rejects_wrong_file(stem):
     with pytest.raises(AssertionError) as err:
         CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py")
     assert EXPECTED[stem] in str(err.value)
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in RIGHT.glob("05_*.py")))
+def test_checker_accepts_right_file(stem):
+    """Correct files written differently from the solution (tests/right/) must pass."""
+    CHECKERS[exercise_of(stem)](RIGHT / f"{stem}.py")
+
+
+def test_rng_container_is_any_one_entry_per_rank():
+    from exercise_utils.ddp_torchrun_fault_tolerance.checks import _one_entry_per_rank
+    assert _one_entry_per_rank([1, 2], 2) and _one_entry_per_rank({1: "b", 0: "a"}, 2)
+    assert not _one_entry_per_rank([1], 2) and not _one_entry_per_rank({"0": 1, "1": 2}, 2)
+    assert not _one_entry_per_rank({0: 1, 1: 2, 2: 3}, 2) and not _one_entry_per_rank(None, 2)
 
 
 def test_settings_and_attempt_counter(monkeypatch):

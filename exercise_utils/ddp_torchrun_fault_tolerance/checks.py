@@ -178,9 +178,19 @@ def _check_uninterrupted(final, logs, snap):
     if (s["epochs_run"], s["step"]) != (epochs, epochs * STEPS_PER_EPOCH):
         raise AssertionError(f"the last snapshot says epochs_run = {s['epochs_run']}, step = "
                              f"{s['step']}; expected {epochs} and {epochs * STEPS_PER_EPOCH}")
-    if not isinstance(s["rng"], list) or len(s["rng"]) != 2:
-        raise AssertionError("snapshot['rng'] must be a list with every rank's random state "
-                             "(gathered with all_gather_object), entry r for rank r")
+    if not _one_entry_per_rank(s["rng"], 2):
+        raise AssertionError("snapshot['rng'] must hold every rank's random state, entry r for "
+                             "rank r (snapshot['rng'][r]): the list all_gather_object fills, or "
+                             f"a dict {{rank: state}}; it is a {type(s['rng']).__name__} of "
+                             f"{len(s['rng']) if hasattr(s['rng'], '__len__') else '?'} entries")
+
+
+def _one_entry_per_rank(container, world):
+    """Whether ``container[r]`` is one rank's state for r = 0 .. world - 1, and nothing else: a
+    list or tuple of ``world`` entries, or a dict keyed by the ranks (ints)."""
+    if isinstance(container, (list, tuple)):
+        return len(container) == world
+    return isinstance(container, dict) and set(container) == set(range(world))
 
 
 def _check_resumed(final, want, logs, what):

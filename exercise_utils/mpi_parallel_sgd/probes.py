@@ -44,8 +44,13 @@ class CountingComm:
 
 
 def _numel(buf):
+    """Elements of an MPI buffer argument: an array or a tensor (mpi4py 4 takes any object with
+    the buffer or DLPack protocol), or ``[buffer, datatype, ...]``."""
     if isinstance(buf, (list, tuple)):
         buf = buf[0]
+    numel = getattr(buf, "numel", None)         # a torch tensor: size() would be a torch.Size
+    if callable(numel):
+        return int(numel())
     size = getattr(buf, "size", None)
     return int(size() if callable(size) else size or 0)
 
