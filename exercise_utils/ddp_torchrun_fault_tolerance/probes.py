@@ -25,8 +25,10 @@ def _record_path(folder):
 
 
 def _install_recorders(student, log, flush=lambda: None):
-    """Record set_epoch / iteration epochs of DistributedSampler, torch.save and torch.load."""
+    """Record set_epoch / iteration epochs of DistributedSampler, torch.save and torch.load
+    (to a path or to an open file on disk)."""
     import torch
+    from .runner import file_on_disk
     from torch.utils.data import DistributedSampler
     set_epoch, iterate = DistributedSampler.set_epoch, DistributedSampler.__iter__
     save, load = torch.save, torch.load
@@ -40,15 +42,17 @@ def _install_recorders(student, log, flush=lambda: None):
         return iterate(self)
 
     def recorded_save(obj, f, *args, **kwargs):
-        if isinstance(f, (str, os.PathLike)):            # not in-memory saves of pickled tensors
-            log["saves"].append(str(f))
+        name = file_on_disk(f)                          # None: in-memory saves of tensors
+        if name is not None:
+            log["saves"].append(name)
             flush()        # on disk now: a rank killed later (racing writers) still reports it
         return save(obj, f, *args, **kwargs)
 
     def recorded_load(f, *args, **kwargs):
-        if isinstance(f, (str, os.PathLike)):            # not in-memory loads of pickled tensors
+        name = file_on_disk(f)                          # None: in-memory loads of tensors
+        if name is not None:
             where = kwargs.get("map_location", args[0] if args else None)
-            log["loads"].append({"path": str(f), "map_location": str(where)})
+            log["loads"].append({"path": name, "map_location": str(where)})
         return load(f, *args, **kwargs)
     DistributedSampler.set_epoch, DistributedSampler.__iter__ = recorded_set_epoch, recorded_iter
     torch.save, torch.load = recorded_save, recorded_load

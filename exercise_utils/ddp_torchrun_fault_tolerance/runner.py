@@ -75,13 +75,27 @@ def fault_point(trainer):
         _die(f"[fault injection] rank {trainer.rank} killed after step {trainer.step}")
 
 
+def file_on_disk(f):
+    """The file a ``torch.save`` / ``torch.load`` argument names on disk: a path, or an open
+    file's name (the durable write: ``open``, ``torch.save(obj, f)``, ``flush``, ``os.fsync``,
+    ``os.replace``); None for in-memory buffers (``io.BytesIO``: pickled tensors)."""
+    if isinstance(f, (str, os.PathLike)):
+        return str(f)
+    try:
+        f.fileno()
+    except (AttributeError, OSError, ValueError):       # io.UnsupportedOperation is both
+        return None
+    return str(getattr(f, "name", f"file descriptor {f.fileno()}"))
+
+
 def _install_torn_save(config):
-    """Make rank 0's ``crash_in_save``-th torch.save write half a file, then die."""
+    """Make rank 0's ``crash_in_save``-th torch.save to a file write half of it, then die."""
     import torch
     real, calls = torch.save, [0]
 
     def save(obj, f, *args, **kwargs):
-        if not isinstance(f, (str, os.PathLike)):      # in-memory saves (pickled tensors)
+        name = file_on_disk(f)
+        if name is None:                               # in-memory saves (pickled tensors)
             return real(obj, f, *args, **kwargs)
         calls[0] += 1
         if calls[0] != config.crash_in_save:
@@ -89,9 +103,14 @@ def _install_torn_save(config):
         buffer = io.BytesIO()
         real(obj, buffer, *args, **kwargs)
         data = buffer.getvalue()
-        with open(f, "wb") as out:
-            out.write(data[:len(data) // 2])
-        _die(f"[fault injection] rank 0 killed while writing {f} (half of {len(data)} bytes)")
+        if isinstance(f, (str, os.PathLike)):
+            with open(f, "wb") as out:
+                out.write(data[:len(data) // 2])
+        else:                                           # the student's open file
+            f.write(data[:len(data) // 2])
+            f.flush()
+            os.fsync(f.fileno())
+        _die(f"[fault injection] rank 0 killed while writing {name} (half of {len(data)} bytes)")
     torch.save = save
 
 
