@@ -7,8 +7,10 @@ student file in each, calls a *probe* (a function of a topic's ``probes`` module
 :func:`exercise_utils.mpi_parallel_sgd.probes.probe_sgd`) with the student module, and
 collects one result per rank.
 Every failure becomes an ``AssertionError`` a student can act on: "not implemented
-yet", "rank 1 raised ...", "hung: ranks issued different collectives?", or, via
-:func:`assert_close`, "rank 2 differs by 3e-02 in fc1.weight".
+yet", "rank 1 raised ...", "hung: ranks issued different collectives?" (only when every
+unfinished rank stopped making progress: :mod:`.heartbeat`), "the check's integrity was
+violated" (:mod:`.integrity`), or, via :func:`assert_close`, "rank 2 differs by 3e-02 in
+fc1.weight".
 
 Used by every checker (01_mpi_parallel_sgd onwards).
 """
@@ -19,11 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import launch
+from . import heartbeat, integrity, launch
 
 
-def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=60,
-              what=None):
+HANG_AFTER = 60    # seconds every unfinished rank may stand still before a check calls it a hang
+LIMIT = 600        # seconds a check's launch may run while making progress (an endless loop?)
+
+
+def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HANG_AFTER,
+              what=None, limit=LIMIT):
     """Run ``probe(student_module, ctx, **kwargs)`` on every rank; return per-rank results.
 
     Args:
@@ -35,12 +41,19 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=60
         backend: ``"mpi"`` (mpiexec + mpi4py), ``"gloo"`` (torch.distributed) or ``"none"``
             (independent processes, for pure functions).
         kwargs: picklable keyword arguments for the probe.
-        timeout: seconds before the processes are killed and the student told it hung.
+        timeout: seconds every rank that has not reported may make no progress (no new line
+            of Python, no CPU time; :mod:`.heartbeat`) before it is a hang. A slow or busy
+            machine only makes the check slower: start-up, slow progress and slow exits
+            never count.
         what: what is being checked, for messages (default: the probe's name).
+        limit: seconds of wall time after which ranks that are still making progress are
+            stopped (an endless loop); also the gloo group's timeout.
     Returns:
         list: the probe's return value on rank 0, 1, ...
     Raises:
-        AssertionError: with a message for the student on any failure.
+        AssertionError: with a message for the student on any failure; one that says
+            "the check's integrity was violated" when the student's file forged a result or
+            changed the checker's code (:mod:`.integrity`).
     """
     path = Path(path)
     if callable(probe):
@@ -51,26 +64,30 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=60
     with tempfile.TemporaryDirectory(prefix="dtfs-check-") as tmp:
         args_file = Path(tmp) / "kwargs.pkl"
         args_file.write_bytes(pickle.dumps(kwargs or {}))
+        keys = integrity.make_secrets(tmp, world_size)
         worker_args = ["--student", str(path.resolve()), "--probe", probe, "--kwargs",
                        str(args_file), "--out", tmp, "--backend", backend, "--timeout",
-                       str(timeout)]
+                       str(limit)]
+        watch = heartbeat.Watch(tmp, world_size, timeout, spinning=backend == "mpi",
+                                reported=lambda: _written(tmp, world_size))
         try:
-            _launch(worker_args, world_size, backend, timeout, what)
-        except launch.LaunchTimeout:
-            reports = _reports(tmp, world_size)
+            _launch(worker_args, world_size, backend, limit, what, watch)
+        except launch.LaunchHang as err:
+            reports = _reports(tmp, world_size, keys)
             _raise_student_errors(reports, path)
-            done = sorted(reports)
-            stuck = [r for r in range(world_size) if r not in reports]
+            raise AssertionError(_hang_message(what, backend, world_size, reports, err.report,
+                                               path)) from None
+        except launch.LaunchTimeout:
+            _raise_student_errors(_reports(tmp, world_size, keys), path)
             raise AssertionError(
-                f"{what} hung: no result after {timeout} s with {world_size} {backend} "
-                f"processes (ranks finished: {done or 'none'}; ranks still waiting: {stuck}); "
-                f"all were killed. hung: ranks issued different collectives? Every rank must "
-                f"call the same collectives, in the same order, with matching sizes.") from None
+                f"{what} was still running after {limit} s with {world_size} {backend} "
+                f"processes and kept making progress, so all were stopped: an endless loop? "
+                f"(ranks finished: {sorted(_reports(tmp, world_size, keys)) or 'none'})") from None
         except launch.LaunchError as err:
-            _raise_student_errors(_reports(tmp, world_size), path)
+            _raise_student_errors(_reports(tmp, world_size, keys), path)
             raise AssertionError(f"{what}: the worker processes failed before reporting a "
                                  f"result.\n{err}") from None
-        reports = _reports(tmp, world_size)
+        reports = _reports(tmp, world_size, keys)
         _raise_student_errors(reports, path)
         missing = [r for r in range(world_size) if r not in reports]
         if missing:
@@ -79,8 +96,21 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=60
         return [reports[r]["value"] for r in range(world_size)]
 
 
-def _launch(worker_args, world_size, backend, timeout, what):
-    quiet = dict(timeout=timeout, echo=False, what=what)
+def _hang_message(what, backend, world_size, reports, report, path):
+    """What the watch saw when every unfinished rank stopped making progress."""
+    seen = "\n  ".join(heartbeat.describe(report, path))
+    comm = any(s.get("comm") or backend == "mpi" for s in report)
+    cause = ("hung: ranks issued different collectives? Every rank must call the same "
+             "collectives, in the same order, with matching sizes." if comm and backend != "none"
+             else "hung: the code stopped making progress (waiting for something that never "
+             "happens: a lock, a queue, a process that was never started or has died?)")
+    return (f"{what} hung: no progress with {world_size} {backend} process(es) (ranks finished: "
+            f"{sorted(reports) or 'none'}; ranks still waiting: {[s['rank'] for s in report]}); "
+            f"all were killed.\n  {seen}\n{cause}")
+
+
+def _launch(worker_args, world_size, backend, limit, what, watch):
+    quiet = dict(timeout=limit, echo=False, what=what, watch=watch)
     if backend == "mpi":
         launch.mpiexec("exercise_utils.rankworker", world_size, worker_args, module=True,
                        label=False, **quiet)
@@ -89,10 +119,35 @@ def _launch(worker_args, world_size, backend, timeout, what):
                     str(world_size), *worker_args], nprocs=world_size, **quiet)
 
 
-def _reports(tmp, world_size):
-    """Read the reports the ranks wrote: {rank: report} for the ranks that wrote one."""
-    files = {r: Path(tmp) / f"rank{r}.pkl" for r in range(world_size)}
-    return {r: pickle.loads(f.read_bytes()) for r, f in files.items() if f.exists()}
+def _written(tmp, world_size):
+    """The ranks whose report file exists (checked for its signature by :func:`_reports`)."""
+    return {r for r in range(world_size) if (Path(tmp) / f"rank{r}.pkl").exists()}
+
+
+def _reports(tmp, world_size, keys):
+    """Read the reports the ranks wrote: {rank: report} for the ranks that wrote one.
+
+    Raises:
+        AssertionError: a report not signed with the rank's secret (the student's file wrote
+            it), or one that says the student's file changed the checker's code.
+    """
+    found = {}
+    for r in range(world_size):
+        try:
+            data = (Path(tmp) / f"rank{r}.pkl").read_bytes()
+        except FileNotFoundError:
+            continue
+        payload = integrity.verify(keys[r], data)
+        if payload is None:
+            raise AssertionError(f"{integrity.VIOLATION}: rank {r}'s result was not written by "
+                                 f"the checker (its signature is wrong): your file must not "
+                                 f"write the check's results itself.")
+        found[r] = pickle.loads(payload)
+        if found[r].get("tampered"):
+            raise AssertionError(f"{integrity.VIOLATION}: on rank {r} your file changed the "
+                                 f"checker's code: {', '.join(found[r]['tampered'][:5])}. "
+                                 f"Exercise files must not patch the checks.")
+    return found
 
 
 def _raise_student_errors(reports, path):

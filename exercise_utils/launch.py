@@ -41,6 +41,15 @@ class LaunchTimeout(LaunchError):
     """A launched command did not finish in time and was killed with all its processes."""
 
 
+class LaunchHang(LaunchTimeout):
+    """A launch's ``watch`` saw every process stop making progress; all were killed.
+    Attribute ``report``: what the watch saw (see :class:`exercise_utils.heartbeat.Watch`)."""
+
+    def __init__(self, message, cmd=None, output="", report=None):
+        super().__init__(message, cmd, None, output)
+        self.report = report
+
+
 @dataclass
 class RunResult:
     """What a finished launch returns: the command, its exit code, output and duration."""
@@ -105,7 +114,7 @@ def _pump(proc, sel, lines, echo, partial, wait):
 
 
 def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_process=None,
-        nprocs=1):
+        nprocs=1, watch=None):
     """Run ``cmd`` with live output and a hard timeout; kill every process it started.
 
     Args:
@@ -119,10 +128,15 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
         threads_per_process: OMP/MKL threads per process; default: CPU cores // nprocs
             (at least 1), unless OMP_NUM_THREADS is already set.
         nprocs: how many processes the command will start (for the default above).
+        watch: optional callable polled while the command runs (e.g. a
+            :class:`exercise_utils.heartbeat.Watch`): ``"done"`` stops the command as finished
+            (its results are in; slow exits are not waited for), ``("hang", report)`` stops it
+            as hung. With a watch, ``timeout`` is only a backstop for code that keeps running.
     Returns:
-        RunResult on exit code 0.
+        RunResult on exit code 0 (or when ``watch`` said "done": ``returncode`` 0).
     Raises:
-        LaunchTimeout: it ran longer than ``timeout`` (a hang); all processes killed.
+        LaunchHang: ``watch`` saw no progress; all processes killed.
+        LaunchTimeout: it ran longer than ``timeout``; all processes killed.
         LaunchError: non-zero exit code; all remaining processes killed.
         KeyboardInterrupt: after killing every process, when interrupted.
     """
@@ -149,6 +163,10 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
             if time.monotonic() - start > timeout:
                 status = "timeout"
                 break
+            verdict = watch() if watch else None
+            if verdict is not None:
+                status = "early" if verdict == "done" else verdict
+                break
             open_ = _pump(proc, sel, lines, echo, partial, 0.2) if open_ else (time.sleep(0.2) or False)
             remember_children(seen)
         else:
@@ -169,10 +187,18 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
     seconds = time.monotonic() - start
     output = "\n".join(lines)
     if status == "timeout":
+        why = (" although it kept making progress (an endless loop?)" if watch else
+               f". {HANG_HINT}")
         raise LaunchTimeout(
             f"{what} did not finish within {timeout:g} s, so it was stopped and its "
-            f"{len(killed)} process(es) were killed. {HANG_HINT}\n--- last output ---\n"
+            f"{len(killed)} process(es) were killed{why}\n--- last output ---\n"
             f"{_tail(lines)}", cmd, None, output)
+    if isinstance(status, tuple):
+        raise LaunchHang(f"{what} stopped making progress after {seconds:.0f} s, so it was "
+                         f"stopped and its {len(killed)} process(es) were killed.\n"
+                         f"--- last output ---\n{_tail(lines)}", cmd, output, status[1])
+    if status == "early":
+        return RunResult(cmd, 0, output, seconds, killed)
     if proc.returncode != 0:
         raise LaunchError(
             f"{what} failed with exit code {proc.returncode} after {seconds:.1f} s"

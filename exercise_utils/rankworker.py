@@ -1,7 +1,8 @@
 """Worker process of the checker harness (see :mod:`exercise_utils.harness`).
 
-One rank: set up communication (MPI, gloo or none), import the student file,
-call the probe, pickle the result (or the error) to ``OUT/rank{R}.pkl``.
+One rank: beat (:mod:`.heartbeat`), take its secret and fingerprint the checker's code
+(:mod:`.integrity`), set up communication (MPI, gloo or none), import the student file, call
+the probe, and write the result (or the error), pickled and signed, to ``OUT/rank{R}.pkl``.
 With ``--spawn N`` it starts N such ranks itself (gloo / none) and stops all of
 them as soon as one fails, so that a crashed rank never leaves the others waiting.
 
@@ -26,6 +27,8 @@ import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
+
+from . import heartbeat, integrity
 
 
 def load_student(path):
@@ -86,14 +89,19 @@ def _student_frames(exc, student):
     return where, text
 
 
-def _report(out, rank, payload):
+def _report(out, rank, payload, secret):
     tmp = Path(out) / f".rank{rank}.tmp"
-    tmp.write_bytes(pickle.dumps(payload))
+    tmp.write_bytes(integrity.sign(secret, pickle.dumps(payload)))
     tmp.rename(Path(out) / f"rank{rank}.pkl")
 
 
-def _context(args):
-    rank, size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+def _rank():
+    """This rank, before any communication is set up (torch's RANK, else MPICH's PMI_RANK)."""
+    return int(os.environ.get("RANK", os.environ.get("PMI_RANK", 0)))
+
+
+def _context(args, rank):
+    size = int(os.environ.get("WORLD_SIZE", os.environ.get("PMI_SIZE", 1)))
     ctx = SimpleNamespace(rank=rank, size=size, backend=args.backend, comm=None)
     if args.backend == "mpi":
         from mpi4py import MPI
@@ -106,6 +114,14 @@ def _context(args):
     return ctx
 
 
+def _warm_up():
+    """Import what every probe needs before the student's code starts: the first optimizer
+    imports ``torch._dynamo`` (seconds, more on a busy machine), which would otherwise land
+    between two collectives of one rank while its peers wait."""
+    import torch
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
 def _finish(ctx):
     if ctx.backend == "gloo":
         import torch.distributed as dist
@@ -115,21 +131,41 @@ def _finish(ctx):
 
 
 def run_one(args):
-    """Run the probe on this rank; report the result or the error; return an exit code."""
-    ctx = _context(args)
+    """Run the probe on this rank; report the result or the error; return an exit code.
+
+    Before the student file is imported: the heartbeat starts (:mod:`.heartbeat`), the rank
+    takes its secret, and the checker's code is fingerprinted (:mod:`.integrity`).
+    """
+    rank = _rank()
+    phase = heartbeat.start(args.out, rank, student=args.student)
+    secret = integrity.take_secret(args.out, rank)
+    if secret is None:
+        print(f"rank {rank}: no secret for this run in {args.out}", file=sys.stderr)
+        return 3
+    phase("init")
+    ctx = _context(args, rank)
+    phase("start")
+    _warm_up()
     module_name, func_name = args.probe.split(":")
     probe = getattr(importlib.import_module(module_name), func_name)
     kwargs = pickle.loads(Path(args.kwargs).read_bytes())
+    guard = integrity.Guard()
+    phase("import")
     try:
-        value = probe(load_student(args.student), ctx, **kwargs)
+        student = load_student(args.student)
+        phase("probe")
+        value = probe(student, ctx, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - everything a student file can do
         where, text = _student_frames(exc, args.student)
         _report(args.out, ctx.rank, {"ok": False, "type": type(exc).__name__, "message": str(exc),
-                                     "where": where, "traceback": text, "time": time.time()})
+                                     "where": where, "traceback": text, "time": time.time(),
+                                     "tampered": guard.changed()}, secret)
         if ctx.backend == "mpi":
             ctx.comm.Abort(1)
         return 1
-    _report(args.out, ctx.rank, {"ok": True, "value": value})
+    _report(args.out, ctx.rank, {"ok": True, "value": value, "tampered": guard.changed()},
+            secret)
+    phase("exit")
     _finish(ctx)
     return 0
 

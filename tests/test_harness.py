@@ -100,3 +100,81 @@ def test_assert_close_names_rank_tensor_and_size():
     with pytest.raises(AssertionError, match="lacks"):
         assert_close({}, {"w": np.zeros(4)}, "parameters", rank=0)
     assert_close({"w": np.ones(3)}, {"w": np.ones(3) + 1e-7}, "parameters", rank=0)
+
+
+# ------------------------------------------------ hangs are hangs, not slowness (heartbeat)
+def test_slow_but_busy_ranks_are_not_a_hang(tmp_path):
+    """Ranks that compute for three times the hang limit on one line of Python are making
+    progress (their CPU time rises): the check waits for them."""
+    path = student(tmp_path, """
+        import time
+        import torch.distributed as dist
+        def reduce(t):
+            end = time.monotonic() + 9
+            while time.monotonic() < end: pass
+            dist.all_reduce(t)
+        """)
+    assert run_ranks(path, GLOO_SUM, 2, "gloo", timeout=3) == [3.0, 3.0]
+
+
+def test_a_rank_that_reported_is_done_even_if_slow_to_exit(tmp_path):
+    """Every rank reported: the check returns without waiting for the processes to exit."""
+    path = student(tmp_path, """
+        import atexit, time
+        atexit.register(time.sleep, 120)
+        def value(rank):
+            return rank * 2
+        """)
+    start = time.monotonic()
+    assert run_ranks(path, "harness_probes:probe_value", 2, timeout=60, limit=100) == [0, 2]
+    assert time.monotonic() - start < 60
+
+
+def test_hang_message_says_where_each_waiting_rank_stands(tmp_path):
+    path = student(tmp_path, """
+        import torch.distributed as dist
+        def reduce(t):
+            if dist.get_rank() == 1:
+                dist.broadcast(t, src=1)
+            else:
+                dist.all_reduce(t)
+        """)
+    with pytest.raises(AssertionError) as err:
+        run_ranks(path, GLOO_SUM, 2, "gloo", timeout=5)
+    msg = str(err.value)
+    assert "ranks still waiting: [0, 1]" in msg, msg
+    assert "line 5 (reduce)" in msg and "line 7 (reduce)" in msg, msg
+    assert "hung: ranks issued different collectives?" in msg
+
+
+def test_a_stuck_process_without_collectives_is_not_blamed_on_collectives(tmp_path):
+    path = student(tmp_path, """
+        import threading
+        def value(rank):
+            threading.Event().wait()     # waits for ever, no communication
+        """)
+    with pytest.raises(AssertionError) as err:
+        run_ranks(path, "harness_probes:probe_value", 1, timeout=4)
+    msg = str(err.value)
+    assert "stopped making progress" in msg and "collectives" not in msg, msg
+
+
+def test_endless_loop_is_stopped_at_the_limit(tmp_path):
+    path = student(tmp_path, "def value(rank):\n    while True:\n        pass\n")
+    with pytest.raises(AssertionError, match="kept making progress, so all were stopped"):
+        run_ranks(path, "harness_probes:probe_value", 1, timeout=3, limit=12)
+
+
+def test_mpi_hang_is_reported_although_mpi_spins(tmp_path):
+    """A blocked MPI call spins at 100% CPU: the line standing still is what counts."""
+    path = student(tmp_path, """
+        from mpi4py import MPI
+        def value(rank):
+            if rank == 0:
+                MPI.COMM_WORLD.barrier()
+            return rank
+        """)
+    with pytest.raises(AssertionError) as err:
+        run_ranks(path, "harness_probes:probe_value", 2, "mpi", timeout=5)
+    msg = str(err.value)
+    assert "ranks finished: [1]" in msg and "ranks still waiting: [0]" in msg, msg

@@ -26,12 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import quick
-from ..harness import assert_close, run_ranks
+from ..harness import HANG_AFTER, assert_close, run_ranks
 from . import probes
 from . import reference as ref
 
-TIMEOUT = quick(90, 45)      # seconds per launch before it is declared hung
+TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 
 
 GLOO_TIMEOUT = 20            # seconds a collective waits before gloo raises

@@ -24,10 +24,10 @@ import re
 import tempfile
 from pathlib import Path
 
-from ..config import quick
 from . import probes
 
-TIMEOUT = quick(120, 90)     # seconds per torchrun job before it is declared hung
+TIMEOUT = 60                 # seconds both workers may make no progress before it is a hang
+LIMIT = 900                  # seconds a job that keeps making progress may run (endless loop)
 RUN = ["--data", "synthetic", "--train-size", "256", "--epochs", "3", "--batch-size", "16",
        "--model", "mlp", "--lr", "0.05", "--save-every", "1", "--seed", "0",
        "--timeout-s", "20"]
@@ -36,19 +36,27 @@ STEPS_PER_EPOCH = 8          # 256 examples / 2 workers / 16 per step
 
 def _run(path, folder, name, extra_run=(), restarts=0, timeout=TIMEOUT):
     """One torchrun job of 2 workers; return (launch result, final state, records)."""
-    from .. import launch
+    from .. import heartbeat, launch
     import torch
     records = Path(folder) / f"records_{name}"
     records.mkdir()
+    probes.beat_folder(records).mkdir()
     out, snap = Path(folder) / f"{name}_final.pt", Path(folder) / f"{name}_snapshot.pt"
     args = ["--student", str(Path(path).resolve()), "--records", str(records), *RUN,
             "--snapshot", str(snap), "--out", str(out), *extra_run]
     try:
-        result = launch.torchrun(probes.__name__, 2, args, timeout=timeout,
+        watch = heartbeat.Watch(probes.beat_folder(records), 2, timeout)
+        result = launch.torchrun(probes.__name__, 2, args, timeout=LIMIT, watch=watch,
                                  extra=["--max-restarts", str(restarts), "-m"], echo=False,
                                  what=f"your trainer under torchrun ({name})")
+    except launch.LaunchHang as err:
+        seen = "\n  ".join(heartbeat.describe(err.report, path))
+        raise AssertionError(f"run {name}: hung: both workers stopped making progress:\n  "
+                             f"{seen}\nDo both ranks make the same collective calls (DDP's "
+                             f"forward and backward, barriers) in the same order?") from None
     except launch.LaunchTimeout as err:
-        raise AssertionError(f"run {name}: hung: {err}") from None
+        raise AssertionError(f"run {name}: still running after {LIMIT} s although it kept "
+                             f"making progress (an endless loop?): {err}") from None
     except launch.LaunchError as err:
         if "NotImplementedError" in err.output:
             raise AssertionError(f"not implemented yet: {path} still raises NotImplementedError "

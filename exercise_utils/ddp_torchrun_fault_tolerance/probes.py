@@ -19,9 +19,15 @@ import os
 import sys
 from pathlib import Path
 
+
 def _record_path(folder):
     rank, attempt = os.environ.get("RANK", "0"), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return Path(folder) / f"rank{rank}_attempt{attempt}.json"
+
+
+def beat_folder(records):
+    """Where the workers of a checked job beat (:mod:`exercise_utils.heartbeat`)."""
+    return Path(f"{records}.beats")
 
 
 def _install_recorders(student, log, flush=lambda: None):
@@ -65,11 +71,15 @@ def _install_recorders(student, log, flush=lambda: None):
 
 def worker_main(argv=None):
     """Entry point of every checked worker: record, then run the student's trainer."""
+    from .. import heartbeat
     from ..rankworker import load_student
     from . import runner
     argv = list(sys.argv[1:] if argv is None else argv)
     student_path, record_dir = argv[1], argv[3]          # --student PATH --records DIR ...
+    phase = heartbeat.start(beat_folder(record_dir), os.environ.get("RANK", "0"), student_path)
+    phase("import")
     student = load_student(student_path)
+    phase("run")
     log = {"set_epoch": [], "iterated": [], "saves": [], "loads": []}
     _install_recorders(student, log,
                        lambda: _record_path(record_dir).write_text(json.dumps(log)))

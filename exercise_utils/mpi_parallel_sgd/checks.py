@@ -8,13 +8,12 @@ Used in 01_mpi_parallel_sgd.
 """
 import numpy as np
 
-from ..config import quick
-from ..harness import assert_close, run_ranks
+from ..harness import HANG_AFTER, assert_close, run_ranks
 from . import probes
 from .probes import (CONVERGED_CASES, COUNTS, LOSS_SUMS, SGD_STEPS, SHARD_CASES, sgd_batches,
                      sgd_model, sgd_run)
 
-TIMEOUT = quick(90, 45)     # seconds a check may run before it is declared hung
+TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 
 
 # ---------------------------------------------------------------- shards + scatter

@@ -13,12 +13,11 @@ Used in 04_resnet_cifar_data_parallel.
 import numpy as np
 import torch
 
-from ..config import quick
-from ..harness import assert_close, run_ranks
+from ..harness import HANG_AFTER, assert_close, run_ranks
 from . import probes, runner, tricks
 from .probes import CONFIG, MINIBATCH, ORIGINAL, WORLD, params
 
-TIMEOUT = quick(120, 90)      # seconds before a check is declared hung
+TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 HANG_HINT = ("\nA rank that runs more minibatches than the others waits forever in all_reduce "
              "(until the timeout): give every rank the same number of examples (drop the "
              "remainder) so that every rank runs the same number of minibatches.")

@@ -18,7 +18,6 @@ import traceback
 import torch
 
 from .. import models
-from ..config import quick
 from . import runner, tricks
 
 WORLD = 2
@@ -30,7 +29,7 @@ MINIBATCH = 8                 # examples per rank and step (= one ghost batch)
 CONFIG = runner.TrainConfig(
     data="synthetic-cifar10", train_size=WORLD * (3 * MINIBATCH - 1) + 1, test_size=32, epochs=2,
     batch_size=WORLD * MINIBATCH, width=4, ghost_size=MINIBATCH, ema_every=2,
-    whitening_examples=40, augment=False, amp=False, seed=3, timeout_s=quick(30, 20), threads=1)
+    whitening_examples=40, augment=False, amp=False, seed=3, timeout_s=30, threads=1)
 
 
 class _Record:

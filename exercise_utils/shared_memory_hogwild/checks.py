@@ -18,13 +18,12 @@ from collections import Counter
 import numpy as np
 from torch.utils.data import DistributedSampler
 
-from ..config import quick
-from ..harness import run_ranks
+from ..harness import HANG_AFTER, run_ranks
 from . import probes
 from .probes import EPOCHS, N_SAMPLES, SEED, sampler_cases, shuffled_order
 
-SAMPLER_TIMEOUT = quick(90, 45)     # seconds before the check is declared hung
-HOGWILD_TIMEOUT = quick(150, 120)   # the same for the Hogwild check: it starts 5 processes
+SAMPLER_TIMEOUT = HANG_AFTER    # seconds without progress before a check is a hang (harness)
+HOGWILD_TIMEOUT = HANG_AFTER
 MIN_ACCURACY = 0.7                          # chance is 0.25; the solution reaches about 1.0
 
 

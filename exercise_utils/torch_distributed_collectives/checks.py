@@ -15,13 +15,12 @@ import math
 import numpy as np
 import torch
 
-from ..config import quick
-from ..harness import assert_close, run_ranks
+from ..harness import HANG_AFTER, assert_close, run_ranks
 from . import probes
 from .probes import (AVG_SPLITS, BAD_CASES, BN_CASES, BN_STEPS, LABEL_CASES, PARTITIONER_CASES,
                      SIZE_CASES, avg_batches, avg_model, avg_run, bn_data, bn_layer, bn_run, rows)
 
-TIMEOUT = quick(90, 45)     # seconds a check may run before it is declared hung
+TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 
 
 # ---------------------------------------------------------------- partitions

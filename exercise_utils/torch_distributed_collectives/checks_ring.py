@@ -15,12 +15,12 @@ import math
 
 import numpy as np
 
-from ..config import quick
-from ..harness import run_ranks
+from ..harness import HANG_AFTER, run_ranks
+from ..integrity import VIOLATION
 from . import probes_ring
 from .probes_ring import P2P, SENDS, ring_cases, ring_input
 
-TIMEOUT = quick(90, 45)     # seconds a check may run before it is declared hung
+TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 WORLD_SIZES = (2, 3, 4)     # one launch each
 HUNG_HINT = ("With gloo, dist.send blocks until the peer has posted the matching receive: if "
              "every rank sends first and receives afterwards, all of them wait forever. Post "
@@ -93,6 +93,12 @@ def _check_values(got, expected, rank, size, shape, dtype):
 
 def _check_structure(calls, rank, size, numel):
     used = sorted({name for name, _, _ in calls if name not in P2P})
+    hidden = [name for name in used if "." in name]
+    if hidden:
+        raise AssertionError(
+            f"{VIOLATION}: rank {rank} reached {', '.join(hidden)} inside ring_all_reduce, "
+            f"below torch.distributed's functions where the check records communication. "
+            f"Build the ring only from dist.send / dist.recv (or isend / irecv), as {RING_HINT}.")
     if used:
         raise AssertionError(
             f"rank {rank} called dist.{', dist.'.join(used)} inside ring_all_reduce: build it "

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 
 import torch
 
+from .. import pgwatch
+
 P2P = ("send", "recv", "isend", "irecv")
 SENDS = ("send", "isend")
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
@@ -43,8 +45,8 @@ def ring_input(shape, dtype, rank, case):
 class _Recorded:
     """Stands for a ``torch.distributed`` function: logs each call, then makes it."""
 
-    def __init__(self, name, fn, log):
-        self.name, self.fn, self.log = name, fn, log
+    def __init__(self, name, fn, log, paths):
+        self.name, self.fn, self.log, self.paths = name, fn, log, paths
         self.__name__ = self.__qualname__ = name
         self.__doc__ = fn.__doc__
 
@@ -56,7 +58,8 @@ class _Recorded:
             self.log.append((self.name, int(tensor.numel()), peer))
         else:
             self.log.append((self.name, None, None))
-        return self.fn(*args, **kwargs)
+        with self.paths.sanctioned():
+            return self.fn(*args, **kwargs)
 
     def __eq__(self, other):            # dist.P2POp checks `op in [isend, irecv]`
         return other is self or other is self.fn
@@ -65,14 +68,15 @@ class _Recorded:
         return hash(self.fn)
 
 
-def _batch_recorder(batch_fn, originals, log):
+def _batch_recorder(batch_fn, originals, log, paths):
     def batch_isend_irecv(p2p_op_list):
         for op in p2p_op_list:
             fn = getattr(op.op, "fn", op.op)
             name = "isend" if fn is originals["isend"] else "irecv"
             log.append((name, int(op.tensor.numel()), op.peer))
             op.op = fn
-        return batch_fn(p2p_op_list)
+        with paths.sanctioned():
+            return batch_fn(p2p_op_list)
     return batch_isend_irecv
 
 
@@ -81,29 +85,34 @@ def recording(student=None):
     """Record every communication call made through ``torch.distributed`` in a list.
 
     Patches the functions on the ``torch.distributed`` module, and names the student's
-    module imported from it (``from torch.distributed import send``), until the block ends.
+    module imported from it (``from torch.distributed import send``), until the block ends;
+    what reaches the ProcessGroup below them by another path is logged too
+    (:mod:`exercise_utils.pgwatch`: collectives under qualified names such as
+    ``ProcessGroup.allreduce``).
 
     Yields:
         list of ``(name, elements, peer)`` tuples (``elements``/``peer`` None for collectives).
     """
     import torch.distributed as dist
     log, names = [], [n for n in P2P + COLLECTIVES if hasattr(dist, n)]
-    originals = {n: getattr(dist, n) for n in names + ["batch_isend_irecv"]}
-    wrapped = {n: _Recorded(n, originals[n], log) for n in names}
-    wrapped["batch_isend_irecv"] = _batch_recorder(originals["batch_isend_irecv"], originals, log)
-    by_id = {id(fn): wrapped[n] for n, fn in originals.items()}
-    rebound = {k: v for k, v in vars(student).items() if id(v) in by_id} if student else {}
-    try:
-        for n, fn in wrapped.items():
-            setattr(dist, n, fn)
-        for k, v in rebound.items():
-            setattr(student, k, by_id[id(v)])
-        yield log
-    finally:
-        for n, fn in originals.items():
-            setattr(dist, n, fn)
-        for k, v in rebound.items():
-            setattr(student, k, v)
+    with pgwatch.watching(log) as paths:
+        originals = {n: getattr(dist, n) for n in names + ["batch_isend_irecv"]}
+        wrapped = {n: _Recorded(n, originals[n], log, paths) for n in names}
+        wrapped["batch_isend_irecv"] = _batch_recorder(originals["batch_isend_irecv"],
+                                                       originals, log, paths)
+        by_id = {id(fn): wrapped[n] for n, fn in originals.items()}
+        rebound = {k: v for k, v in vars(student).items() if id(v) in by_id} if student else {}
+        try:
+            for n, fn in wrapped.items():
+                setattr(dist, n, fn)
+            for k, v in rebound.items():
+                setattr(student, k, by_id[id(v)])
+            yield log
+        finally:
+            for n, fn in originals.items():
+                setattr(dist, n, fn)
+            for k, v in rebound.items():
+                setattr(student, k, v)
 
 
 def probe_ring(student, ctx, cases):

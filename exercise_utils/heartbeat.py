@@ -1,0 +1,177 @@
+"""Tell a hang from slowness: ranks beat, the launcher watches for progress.
+
+A rank calls :func:`start` first thing: a daemon thread then writes, twice a second, where the
+rank's main thread is (file, line, function of its innermost Python frame, and the innermost
+line of the student's file) and how much CPU the rank and its children have used, to
+``FOLDER/beat<rank>.json``. The launcher's :class:`Watch` reads those beats and says:
+
+* **progress** while any rank that has not reported moves (a new line of Python) or computes
+  (CPU time rising; not counted under MPI, whose blocking calls spin at 100% CPU);
+* **starting** while a rank has not beaten yet (importing torch on a busy machine) or its
+  process group is still forming: never a hang;
+* **done** as soon as every rank has reported its result: a rank that reported is never
+  "still waiting", and slow exits are not waited for;
+* **hang** only when every rank that has not reported has stood still for ``hang_after``
+  seconds, with the place each one is waiting (in which collective, at which line).
+
+A slow or heavily loaded machine therefore only makes a check slower, never "hung"; the
+launcher's wall-clock limit stays as a backstop against code that runs on for ever.
+
+Used by :mod:`exercise_utils.harness` and :mod:`exercise_utils.rankworker` (every checker,
+01_mpi_parallel_sgd onwards) and by notebook 05's torchrun checks.
+"""
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+PERIOD = 0.5             # seconds between beats
+IDLE_CPU = 0.03          # CPU-seconds per second below which a rank is not computing
+COMM_MODULES = ("torch/distributed/", "mpi4py")   # frames that mean "in communication"
+STARTING = ("start", "init")   # phases that are never a hang: imports, forming the group
+
+
+def start(folder, rank, student=None, period=PERIOD):
+    """Start beating into ``folder/beat<rank>.json``; return a function that sets the phase.
+
+    Args:
+        folder: where the launcher's :class:`Watch` looks.
+        rank: this process's rank (a string is fine: "1.restart0").
+        student: the student's file, to report the innermost line of it.
+        period: seconds between beats.
+    Returns:
+        callable: ``phase(name)`` labels what the rank does now ("init", "import", "probe").
+    """
+    import psutil
+    state = {"phase": "start"}
+    main = threading.main_thread().ident
+    target = Path(folder) / f"beat{rank}.json"
+    me = psutil.Process()
+    student = os.path.realpath(student) if student else None
+
+    def beat():
+        while True:
+            frames = sys._current_frames().get(main)
+            info = {"pid": os.getpid(), "t": time.time(), "phase": state["phase"],
+                    "cpu": _cpu(me), **_where(frames, student)}
+            tmp = target.with_suffix(f".{os.getpid()}.tmp")
+            try:
+                tmp.write_text(json.dumps(info))
+                os.replace(tmp, target)
+            except OSError:
+                return          # the folder is gone: the launch is over
+            time.sleep(period)
+
+    threading.Thread(target=beat, name="dtfs-heartbeat", daemon=True).start()
+    return lambda name: state.__setitem__("phase", name)
+
+
+def _cpu(proc):
+    """CPU seconds of this process and its live children (Hogwild's workers)."""
+    total = sum(proc.cpu_times()[:2])
+    try:
+        for child in proc.children(recursive=True):
+            try:
+                total += sum(child.cpu_times()[:2])
+            except Exception:   # noqa: BLE001 - a child that just ended
+                pass
+    except Exception:   # noqa: BLE001
+        pass
+    return total
+
+
+def _where(frame, student):
+    """Where the main thread is: innermost frame, innermost student line, communication call."""
+    pos, mine, comm, depth = None, None, None, 0
+    while frame is not None:
+        code = frame.f_code
+        if pos is None:
+            pos = [code.co_filename, frame.f_lineno, code.co_name]
+        if mine is None and student and os.path.realpath(code.co_filename) == student:
+            mine = [frame.f_lineno, code.co_name]
+        if comm is None and any(m in code.co_filename for m in COMM_MODULES):
+            comm = code.co_name
+        depth += 1
+        frame = frame.f_back
+    return {"pos": (pos or []) + [depth], "student": mine, "comm": comm}
+
+
+class Watch:
+    """Watch the beats of ``nranks`` ranks; called by :func:`exercise_utils.launch.run`.
+
+    Args:
+        folder: where the ranks beat.
+        nranks: the ranks expected (beats named ``beat0.json`` ...).
+        hang_after: seconds every unreported rank must stand still before it is a hang.
+        reported: callable returning the set of ranks that have reported their result (for
+            ``done``); None: the launch ends by itself.
+        spinning: True under MPI (a blocked call burns CPU, so CPU time is no progress).
+    Call it: returns None (go on), ``"done"`` (every rank reported) or ``("hang", report)``
+    with ``report`` a list of dicts: rank, phase, seconds still, student line, comm call.
+    """
+
+    def __init__(self, folder, nranks, hang_after, reported=None, spinning=False):
+        self.folder, self.nranks, self.hang_after = Path(folder), nranks, hang_after
+        self.reported, self.spinning = reported, spinning
+        self.seen = {}          # rank -> {"pos", "cpu", "moved": time of the last progress}
+        self.next = 0.0
+
+    def __call__(self):
+        now = time.monotonic()
+        if now < self.next:
+            return None
+        self.next = now + PERIOD
+        done = self.reported() if self.reported else set()
+        if self.reported and len(done) >= self.nranks:
+            return "done"
+        waiting = [r for r in range(self.nranks) if r not in done]
+        states = [self._state(r, now) for r in waiting]
+        if states and all(s is not None and now - s["moved"] >= self.hang_after for s in states):
+            return ("hang", [dict(s, rank=r, still=now - s["moved"])
+                             for r, s in zip(waiting, states)])
+        return None
+
+    def _state(self, rank, now):
+        """This rank's progress record, updated from its beat; None while it is starting."""
+        beat = self._read(rank)
+        if beat is None:
+            return None
+        old = self.seen.get(rank)
+        cpu_moved = old is not None and not self.spinning and (
+            beat["cpu"] - old["cpu"] > IDLE_CPU * max(now - old["t"], PERIOD))
+        if (old is None or beat["pos"] != old["pos"] or beat["phase"] != old["phase"]
+                or cpu_moved or beat["pid"] != old["pid"] or beat["phase"] in STARTING):
+            old = {"moved": now}
+        self.seen[rank] = {**beat, "moved": old["moved"], "t": now}
+        return self.seen[rank]
+
+    def _read(self, rank):
+        try:
+            beat = json.loads((self.folder / f"beat{rank}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return beat if _alive(beat["pid"]) else None
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def describe(report, path=None):
+    """One line per rank for a hang message: where it waited and for how long."""
+    lines = []
+    for s in report:
+        where = f"line {s['student'][0]} ({s['student'][1]}) of {path or 'your file'}" \
+            if s.get("student") else f"{Path(s['pos'][0]).name}:{s['pos'][1]} ({s['pos'][2]})"
+        call = f" inside {s['comm']}" if s.get("comm") else ""
+        lines.append(f"rank {s['rank']}: no progress for {s['still']:.0f} s at {where}{call}"
+                     f" [{s['phase']}]")
+    return lines

@@ -1,0 +1,46 @@
+"""Cheating student files (tests/cheats/): each must be rejected as an integrity violation.
+
+A cheat is a file that would score full marks if the check trusted what runs beside it in the
+ranks: it forges the result files, patches the probe or its recorder at import, or reaches a
+collective below the functions the recorder wraps while decoy calls satisfy the counts.
+:mod:`exercise_utils.integrity` and :mod:`exercise_utils.pgwatch` must catch every one, with
+a message saying the check's integrity was violated.
+"""
+import importlib
+from pathlib import Path
+
+import pytest
+
+from exercise_utils.integrity import VIOLATION
+
+ROOT = Path(__file__).resolve().parents[1]
+CHEATS = ROOT / "tests" / "cheats"
+
+
+def checker_for(stem):
+    """The ``check_<exercise>`` a cheat ``NN_<exercise>_<trick>`` targets, from the notebook's
+    package (every ``checks*`` module)."""
+    number, rest = stem[:2], stem[3:]
+    notebook = next((ROOT / "solutions").glob(f"{number}_*.ipynb")).stem
+    package = ROOT / "exercise_utils" / notebook[3:]
+    found = {}
+    for module in sorted(package.glob("checks*.py")):
+        mod = importlib.import_module(f"exercise_utils.{package.name}.{module.stem}")
+        found.update({name[6:]: fn for name, fn in vars(mod).items()
+                      if name.startswith("check_") and callable(fn)})
+    name = max((n for n in found if rest.startswith(n + "_")), key=len)
+    return found[name]
+
+
+def test_every_cheat_names_its_checker():
+    stems = [p.stem for p in CHEATS.glob("*.py")]
+    assert len(stems) >= 5, stems
+    for stem in stems:
+        assert checker_for(stem).__name__.startswith("check_"), stem
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in CHEATS.glob("*.py")))
+def test_cheat_is_rejected_as_an_integrity_violation(stem):
+    with pytest.raises(AssertionError) as err:
+        checker_for(stem)(CHEATS / f"{stem}.py")
+    assert VIOLATION in str(err.value), str(err.value)[-2000:]
