@@ -1,4 +1,7 @@
-"""Wrong for this exercise: correct averages, but one Allreduce per parameter instead of one flat buffer."""
+"""Wrong for this exercise: correct averages, but one Allreduce per parameter instead of one flat buffer.
+
+Violates: "Replace every p.grad by the average of p.grad over all ranks (one Allreduce in total)."
+"""
 from mpi4py import MPI
 
 

@@ -1,4 +1,7 @@
-"""Wrong: only rank 0 takes part in the Allreduce: the other ranks never call it (deadlock)."""
+"""Wrong: only rank 0 takes part in the Allreduce: the other ranks never call it (deadlock).
+
+Violates: "Replace every p.grad by the average of p.grad over all ranks (one Allreduce in total)."
+"""
 import torch
 from mpi4py import MPI
 

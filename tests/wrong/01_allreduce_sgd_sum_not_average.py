@@ -1,4 +1,7 @@
-"""Wrong: sums the gradients with one Allreduce but forgets to divide by the number of ranks."""
+"""Wrong: sums the gradients with one Allreduce but forgets to divide by the number of ranks.
+
+Violates: "Replace every p.grad by the average of p.grad over all ranks (one Allreduce in total)."
+"""
 import torch
 from mpi4py import MPI
 

@@ -1,4 +1,7 @@
-"""Wrong: receives root's values but rebinds new tensors (parameters are replaced, not updated)."""
+"""Wrong: receives root's values but rebinds new tensors (parameters are replaced, not updated).
+
+Violates: "(tensors updated in place)"
+"""
 import torch
 
 

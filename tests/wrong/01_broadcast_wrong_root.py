@@ -1,4 +1,7 @@
-"""Wrong: always broadcasts from rank 0, whatever root was asked for."""
+"""Wrong: always broadcasts from rank 0, whatever root was asked for.
+
+Violates: "After the call, every rank's model.state_dict() equals root's"
+"""
 
 
 def broadcast_parameters(comm, model, root=0):

@@ -1,4 +1,7 @@
-"""Wrong: each rank decides on its own local loss, so ranks can disagree about stopping."""
+"""Wrong: each rank decides on its own local loss, so ranks can disagree about stopping.
+
+Violates: "Return (sum of loss_sum over ranks) / (sum of count over ranks), the same on every rank."
+"""
 
 
 def global_loss(comm, loss_sum, count):

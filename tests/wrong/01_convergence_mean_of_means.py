@@ -1,4 +1,7 @@
-"""Wrong: averages the per-rank mean losses, ignoring that ranks hold different sample counts."""
+"""Wrong: averages the per-rank mean losses, ignoring that ranks hold different sample counts.
+
+Violates: "Return (sum of loss_sum over ranks) / (sum of count over ranks), the same on every rank."
+"""
 
 
 def global_loss(comm, loss_sum, count):

@@ -1,4 +1,7 @@
-"""Wrong: averages on the root but never sends the average back to the other ranks."""
+"""Wrong: averages on the root but never sends the average back to the other ranks.
+
+Violates: "After the call every rank's parameters equal the mean over ranks of their parameters."
+"""
 import numpy as np
 import torch
 

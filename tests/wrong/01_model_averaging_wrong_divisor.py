@@ -1,4 +1,7 @@
-"""Wrong: sums every rank's parameters with Allreduce but divides by (size - 1)."""
+"""Wrong: sums every rank's parameters with Allreduce but divides by (size - 1).
+
+Violates: "After the call every rank's parameters equal the mean over ranks of their parameters."
+"""
 from mpi4py import MPI
 
 

@@ -1,4 +1,7 @@
-"""Wrong: every shard has n // size samples, so the remainder is silently dropped."""
+"""Wrong: every shard has n // size samples, so the remainder is silently dropped.
+
+Violates: "Return a list of `size` (start, stop) pairs that tile range(n_samples) in rank order."
+"""
 
 
 def shard_bounds(n_samples, size):

@@ -1,4 +1,7 @@
-"""Wrong: the last rank takes the whole remainder, so shard sizes differ by more than one."""
+"""Wrong: the last rank takes the whole remainder, so shard sizes differ by more than one.
+
+Violates: "Shard sizes differ by at most one; the first n_samples % size ranks get one more."
+"""
 
 
 def shard_bounds(n_samples, size):

@@ -1,4 +1,7 @@
-"""Wrong: correct shards, but scatter always from rank 0 (ignores the root argument)."""
+"""Wrong: correct shards, but scatter always from rank 0 (ignores the root argument).
+
+Violates: "On `root`, x and y hold every sample (None elsewhere). Return this rank's (x, y) shard."
+"""
 import numpy as np
 
 
