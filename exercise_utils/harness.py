@@ -79,10 +79,11 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
                                                path)) from None
         except launch.LaunchTimeout:
             _raise_student_errors(_reports(tmp, world_size, keys), path)
+            seen = "\n  ".join(watch.summary(path))
             raise AssertionError(
                 f"{what} was still running after {limit} s with {world_size} {backend} "
-                f"processes and kept making progress, so all were stopped: an endless loop? "
-                f"(ranks finished: {sorted(_reports(tmp, world_size, keys)) or 'none'})") from None
+                f"processes and kept making progress, so all were stopped: an endless loop?"
+                f"\n  {seen}") from None
         except launch.LaunchError as err:
             _raise_student_errors(_reports(tmp, world_size, keys), path)
             raise AssertionError(f"{what}: the worker processes failed before reporting a "

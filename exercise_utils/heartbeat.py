@@ -133,6 +133,21 @@ class Watch:
                              for r, s in zip(waiting, states)])
         return None
 
+    def summary(self, path=None):
+        """Where every rank stood at the last look, for a message when the wall limit hits:
+        reported, never started (a busy machine), or its line and what it did there."""
+        done = self.reported() if self.reported else set()
+        lines = []
+        for r in range(self.nranks):
+            s = self.seen.get(r)
+            if r in done:
+                lines.append(f"rank {r}: reported its result")
+            elif s is None:
+                lines.append(f"rank {r}: never started (still importing on a busy machine?)")
+            else:
+                lines += describe([dict(s, rank=r, still=time.monotonic() - s["moved"])], path)
+        return lines
+
     def _state(self, rank, now):
         """This rank's progress record, updated from its beat; None while it is starting."""
         beat = self._read(rank)
@@ -172,6 +187,7 @@ def describe(report, path=None):
         where = f"line {s['student'][0]} ({s['student'][1]}) of {path or 'your file'}" \
             if s.get("student") else f"{Path(s['pos'][0]).name}:{s['pos'][1]} ({s['pos'][2]})"
         call = f" inside {s['comm']}" if s.get("comm") else ""
-        lines.append(f"rank {s['rank']}: no progress for {s['still']:.0f} s at {where}{call}"
-                     f" [{s['phase']}]")
+        state = (f"no progress for {s['still']:.0f} s" if s["still"] >= 2 * PERIOD + 1
+                 else "busy")
+        lines.append(f"rank {s['rank']}: {state} at {where}{call} [{s['phase']}]")
     return lines
