@@ -9,6 +9,7 @@ Used in 01_mpi_parallel_sgd.
 import numpy as np
 
 from ..harness import HANG_AFTER, assert_close, run_ranks
+from ..integrity import VIOLATION
 from . import probes
 from .probes import (CONVERGED_CASES, COUNTS, LOSS_SUMS, SGD_STEPS, SHARD_CASES, sgd_batches,
                      sgd_model, sgd_run)
@@ -84,7 +85,12 @@ def check_allreduce_sgd(path, timeout=TIMEOUT):
         numel = sum(p.numel() for p in sgd_model().parameters() if p.requires_grad)
         res = run_ranks(path, probes.probe_sgd, size, "mpi", timeout=timeout,
                         what="average_gradients")
-        for rank, (state, calls, elements) in enumerate(res):
+        for rank, (state, calls, elements, hidden) in enumerate(res):
+            if hidden:
+                raise AssertionError(
+                    f"{VIOLATION}: rank {rank} communicated through MPI.COMM_WORLD itself "
+                    f"({hidden}) instead of the `comm` average_gradients was given, where the "
+                    f"check counts the calls. Use the comm argument.")
             assert_close(state, expected, f"parameters after {SGD_STEPS} SGD steps with {size} "
                          f"ranks must equal single-process SGD on the concatenated batch: "
                          f"average (sum / size) the gradients of every rank", rank)

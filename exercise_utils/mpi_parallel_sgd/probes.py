@@ -9,6 +9,7 @@ call and the elements it carried.
 Used in 01_mpi_parallel_sgd.
 """
 from collections import Counter
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -23,14 +24,24 @@ COLLECTIVES = ("Allreduce", "allreduce", "Reduce", "reduce", "Bcast", "bcast", "
                "Iallreduce", "Reduce_scatter", "Alltoall", "alltoall", "Barrier", "barrier")
 
 
-class CountingComm:
-    """Wraps an MPI communicator; counts every communication call and the elements sent."""
+DERIVED = ("Dup", "Clone", "Split", "Split_type", "Create", "Create_group", "Idup")
 
-    def __init__(self, comm):
-        self._comm, self.calls, self.elements = comm, Counter(), Counter()
+
+class CountingComm:
+    """Wraps an MPI communicator; counts every communication call and the elements sent.
+
+    Communicators derived from it (``Dup``, ``Split``, ...) are counted into the same tallies.
+    """
+
+    def __init__(self, comm, calls=None, elements=None):
+        self._comm = comm
+        self.calls = Counter() if calls is None else calls
+        self.elements = Counter() if elements is None else elements
 
     def __getattr__(self, name):
         attr = getattr(self._comm, name)
+        if name in DERIVED:
+            return lambda *a, **k: CountingComm(attr(*a, **k), self.calls, self.elements)
         if name not in COLLECTIVES:
             return attr
 
@@ -114,12 +125,36 @@ def sgd_run(model, x, y, after_backward=None):
     return state_arrays(model)
 
 
+@contextmanager
+def world_counted(student):
+    """Count what the student's code sends through ``MPI.COMM_WORLD`` itself (not the
+    communicator it was given): the module attribute and any name the student file bound to
+    it are replaced by a :class:`CountingComm` until the block ends. Yields it."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    counted = CountingComm(world)
+    bound = [k for k, v in vars(student).items() if v is world]
+    MPI.COMM_WORLD = counted
+    for k in bound:
+        setattr(student, k, counted)
+    try:
+        yield counted
+    finally:
+        MPI.COMM_WORLD = world
+        for k in bound:
+            setattr(student, k, world)
+
+
 def probe_sgd(student, ctx):
+    """Returns the state after SGD, the calls and elements on the given communicator, and the
+    calls made through ``MPI.COMM_WORLD`` directly (outside the check's sight otherwise)."""
     model, comm = sgd_model(), CountingComm(ctx.comm)
     x, y = sgd_batches(ctx.size)
     part = slice(ctx.rank * LOCAL_BATCH, (ctx.rank + 1) * LOCAL_BATCH)
-    state = sgd_run(model, x[:, part], y[:, part], lambda: student.average_gradients(comm, model))
-    return state, dict(comm.calls), dict(comm.elements)
+    with world_counted(student) as world:
+        state = sgd_run(model, x[:, part], y[:, part],
+                        lambda: student.average_gradients(comm, model))
+    return state, dict(comm.calls), dict(comm.elements), dict(world.calls)
 
 
 # ---------------------------------------------------------------- model averaging
