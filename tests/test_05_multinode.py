@@ -14,6 +14,8 @@ from exercise_utils import launch, launch_many
 from exercise_utils.ddp_torchrun_fault_tolerance import hello, multinode
 from exercise_utils.config import quick
 
+pytestmark = pytest.mark.serial   # short launch limits: run alone, not beside other tests
+
 ROOT = Path(__file__).resolve().parents[1]
 HELLO = Path(hello.__file__)
 NPROC = quick(2, 1)          # workers per agent: world size 4 (full) or 2 (quick)

@@ -163,7 +163,7 @@ def test_endless_loop_is_stopped_at_the_limit(tmp_path):
     path = student(tmp_path, "def value(rank):\n    while True:\n        pass\n")
     with pytest.raises(AssertionError, match="kept making progress, so all were stopped") as err:
         run_ranks(path, "harness_probes:probe_value", 1, timeout=3, limit=12)
-    assert "rank 0: busy at line" in str(err.value), str(err.value)
+    assert "rank 0: busy at " in str(err.value), str(err.value)   # its line, or an import
 
 
 def test_mpi_hang_is_reported_although_mpi_spins(tmp_path):

@@ -11,6 +11,8 @@ import pytest
 
 from exercise_utils import launch
 
+pytestmark = pytest.mark.serial   # short launch limits: run alone, not beside other tests
+
 
 def write(tmp_path, name, code):
     path = tmp_path / name

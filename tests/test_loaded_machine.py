@@ -19,6 +19,7 @@ from exercise_utils.shared_memory_hogwild.checks import check_hogwild
 from exercise_utils.torch_distributed_collectives.checks import check_average_gradients
 from exercise_utils.torch_distributed_collectives.checks_ring import check_ring_allreduce
 
+pytestmark = pytest.mark.serial
 ROOT = Path(__file__).resolve().parents[1]
 BUSY_SECONDS = 900
 BUSY = f"import time\nend = time.time() + {BUSY_SECONDS}\nwhile time.time() < end: pass\n"

@@ -78,14 +78,28 @@ REPLACEMENT = {"ResNetBagOfTricks": _RecordedModel, "EMA": _RecordedEMA,
 
 
 def _install(student):
-    """Replace the trainer's parts by recording ones, also where the student imported names."""
+    """Replace the trainer's parts by recording ones, also where the student imported names.
+
+    Returns:
+        callable: puts the originals back (before the probe returns: the worker checks that
+        the checker's code is unchanged afterwards, :mod:`exercise_utils.integrity`).
+    """
     models.ResNetBagOfTricks = _RecordedModel
     for name in ("EMA", "minibatches", "evaluate"):
         setattr(tricks, name, REPLACEMENT[name])
-    for key, value in list(vars(student).items()):
-        for name, original in ORIGINAL.items():
-            if value is original:
-                setattr(student, key, REPLACEMENT[name])
+    rebound = {key: value for key, value in vars(student).items()
+               if any(value is original for original in ORIGINAL.values())}
+    for key, value in rebound.items():
+        name = next(n for n, original in ORIGINAL.items() if value is original)
+        setattr(student, key, REPLACEMENT[name])
+
+    def undo():
+        models.ResNetBagOfTricks = ORIGINAL["ResNetBagOfTricks"]
+        for name in ("EMA", "minibatches", "evaluate"):
+            setattr(tricks, name, ORIGINAL[name])
+        for key, value in rebound.items():
+            setattr(student, key, value)
+    return undo
 
 
 def params(model):
@@ -103,7 +117,7 @@ def probe_train(student, ctx, config):
     """Run the student's rank_process with recording parts; report what each rank did."""
     config = dataclasses.replace(config, master_port=int(os.environ["MASTER_PORT"]))
     torch.manual_seed(1000 + ctx.rank)      # the ranks' global random states differ
-    _install(student)
+    undo = _install(student)
     error, when = None, None
     try:
         student.rank_process(ctx.rank, ctx.size, config)
@@ -111,6 +125,8 @@ def probe_train(student, ctx, config):
         raise
     except Exception as exc:  # noqa: BLE001 - reported with the counts, see check_train
         error, when = _error_text(exc, student), time.time()
+    finally:
+        undo()
     final = params(REC.model) if REC.model is not None else None
     return dict(error=error, error_time=when, epochs=REC.epochs, init=REC.init, final=final,
                 ema_made=REC.ema_made, ema_updates=REC.ema_updates, evaluations=REC.evaluations)
