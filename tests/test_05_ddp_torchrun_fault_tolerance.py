@@ -26,10 +26,16 @@ CHECKERS = {"trainer": checks.check_trainer, "snapshots": checks.check_snapshots
 EXPECTED = {
     "05_trainer_no_set_epoch": "was [0, 0, 0]; expected [0, 1, 2]. Call self.sampler.set_epoch",
     "05_trainer_no_ddp": "the replicas differ at the end",
+    "05_trainer_no_timeout": "called init_process_group with timeout None s; expected "
+                             "config.timeout_s = 20 s",
+    "05_trainer_sampler_ignores_seed": "iterated a DistributedSampler with {'seed': 0}",
     "05_snapshots_no_optimizer_state": "the snapshot lacks ['optimizer']",
     "05_snapshots_in_place": "PytorchStreamReader failed reading zip archive",
     "05_snapshots_in_place_file_object": "PytorchStreamReader failed reading zip archive",
     "05_snapshots_every_rank_saves": "wrote the snapshot",
+    "05_snapshots_scheduler_not_restored": "the learning-rate scheduler ended after 16 steps, "
+                                           "the uninterrupted run's after 24",
+    "05_snapshots_wrapped_state_dict": "save the unwrapped module's state_dict",
 }
 
 
@@ -61,6 +67,55 @@ def test_checker_rejects_wrong_file(stem):
 def test_checker_accepts_right_file(stem):
     """Correct files written differently from the solution (tests/right/) must pass."""
     CHECKERS[exercise_of(stem)](RIGHT / f"{stem}.py")
+
+
+def _simulated_setup(tmp_path, source):
+    """The check of ``ddp_setup`` on ``source`` (a trainer file's text), simulated in this
+    process as a torchrun worker's rank 0 does it: no launch, no process group."""
+    import importlib.util
+    from exercise_utils.ddp_torchrun_fault_tolerance import probes
+    path = tmp_path / f"trainer_{len(list(tmp_path.iterdir()))}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = runner.parse_args(checks.RUN)
+    setup = {"cuda": probes.simulate_setup(module, config, True),
+             "cpu": probes.simulate_setup(module, config, False)}
+    checks._check_setup({"rank0_attempt0": {"setup": setup}})
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ('torch.device("cuda", local_rank)', 'torch.device("cuda", rank)',
+     "returned [3, 1, 4, 'cuda:3']; expected (rank, local_rank, world_size, device) = "
+     "(3, 1, 4, 'cuda:1')"),
+    ("        torch.cuda.set_device(local_rank)\n", "",
+     "called torch.cuda.set_device with nothing; expected LOCAL_RANK (1)"),
+    ('"nccl", torch.device', '"gloo", torch.device', "chose the backend 'gloo'; expected 'nccl'"),
+    ('rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])',
+     'rank = local_rank = int(os.environ["LOCAL_RANK"])', "returned [1, 1, 4, 'cuda:1']"),
+])
+def test_setup_check_names_gpu_mistakes(tmp_path, solution_file, old, new, message):
+    """The GPU half of ddp_setup's requirement (its other half, the timeout, has the wrong file
+    05_trainer_no_timeout), checked on a CPU: NCCL, cuda:LOCAL_RANK, set_device, RANK."""
+    source = Path(solution_file).read_text()
+    _simulated_setup(tmp_path, source)                    # the solution passes
+    assert source.count(old) == 1
+    with pytest.raises(AssertionError) as err:
+        _simulated_setup(tmp_path, source.replace(old, new))
+    assert message in str(err.value)
+    assert "on a machine with CUDA (simulated" in str(err.value)
+
+
+def test_resumed_check_names_a_load_without_map_location():
+    """The map_location half of load_snapshot's requirement (its other half has the wrong file
+    05_snapshots_scheduler_not_restored), without a launch."""
+    final = {"attempt": 1, "epochs_run": 3, "step": 24, "scheduler_steps": 24, "model": {}}
+    logs = {"rank0_attempt1": {"loads": [{"path": "snapshot.pt", "map_location": "None"}]}}
+    with pytest.raises(AssertionError, match="torch.load without map_location"):
+        checks._check_resumed(final, final, logs, "C")
+    logs["rank0_attempt1"]["loads"][0]["map_location"] = "cpu"
+    checks._check_resumed(final, final, logs, "C")
 
 
 def test_rng_container_is_any_one_entry_per_rank():

@@ -24,6 +24,7 @@ SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
 POINTS = 6
 WRONG = ROOT / "tests" / "wrong"
+RIGHT = ROOT / "tests" / "right"
 CHECKERS = {"orthogonalize": checks.check_orthogonalize,
             "compression_rank": checks.check_compression_rank,
             "powersgd": checks.check_powersgd}
@@ -31,13 +32,22 @@ CHECKERS = {"orthogonalize": checks.check_orthogonalize,
 # Each known-wrong file and a fragment of the message its checker must give.
 EXPECTED = {
     "08_orthogonalize_not_normalized": "columns are not unit vectors",
+    "08_orthogonalize_no_eps": "returned NaN or inf: add eps to each column's norm",
+    "08_orthogonalize_svd": "column j of the result must be built from P's columns 0..j only",
     "08_compression_rank_ignores_rate": "min_compression_rate=0.0) returned 0, expected 4",
+    "08_compression_rank_ties_compressed":
+        "compression_rank((4, 4), rank=2, min_compression_rate=1.0) returned 2, expected 0",
+    "08_compression_rank_scalar":
+        "compression_rank((), rank=1, min_compression_rate=1.0) raised IndexError",
     "08_powersgd_no_error_feedback": "error feedback is missing",
     "08_powersgd_no_orthogonalization": "P is not orthogonalized",
     "08_powersgd_compress_1d": "you compressed 1-D tensors (biases)",
     "08_powersgd_q_not_averaged": "the Q's are summed, not averaged",
     "08_powersgd_no_warm_start": "a fresh random Q is drawn every step although warm_start=True",
     "08_powersgd_bytes_in_elements": "count numel() * element_size()",
+    "08_powersgd_grad_none": "has p.grad None: reduce() must skip such parameters",
+    "08_powersgd_plain_per_tensor": "expected ONE flat buffer holding every uncompressed gradient",
+    "08_powersgd_ignores_warm_start_flag": "Q is kept although warm_start=False",
 }
 
 
@@ -69,6 +79,12 @@ def test_checker_rejects_wrong_file(stem):
     with pytest.raises(AssertionError) as err:
         CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py")
     assert EXPECTED[stem] in str(err.value)
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in RIGHT.glob("08_*.py")))
+def test_checker_accepts_right_file(stem):
+    """Correct files written differently from the solution (tests/right/) must pass."""
+    CHECKERS[exercise_of(stem)](RIGHT / f"{stem}.py")
 
 
 def test_blank_is_reported_as_not_implemented(blank_file):

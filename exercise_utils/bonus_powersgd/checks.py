@@ -8,6 +8,7 @@ are kept per file content, so the three checks of an unchanged file cost two lau
 ``check_powersgd`` hands ``PowerSGD`` fixed gradients, different on every rank and at every
 step, for 4 steps in 4 settings, and checks:
 
+* parameters whose grad is None (an unused layer among them) are skipped;
 * the collectives, COUNTED by wrapping ``torch.distributed``: only ``all_reduce``; per step
   (n + m) * r' elements per compressed tensor plus every uncompressed element (1-D tensors
   and matrices that would not shrink), in one flat buffer; ``bytes_sent`` equal to the bytes
@@ -107,7 +108,8 @@ def _local_stage(path, stage, timeout):
 
 # ---------------------------------------------------------------- stage 1
 def check_orthogonalize(path, timeout=TIMEOUT):
-    """Check ``orthogonalize(P)``: orthonormal columns, column j from P's columns 0..j."""
+    """Check ``orthogonalize(P)``: orthonormal columns, column j from P's columns 0..j; a zero
+    column gives no NaN (the eps guard)."""
     for k, got in enumerate(_local_stage(path, "orthogonalize", timeout)):
         p = ref.ortho_input(k).double().numpy()
         call = f"orthogonalize(P) with P of shape {tuple(p.shape)}"
@@ -117,14 +119,26 @@ def check_orthogonalize(path, timeout=TIMEOUT):
         if q.shape != p.shape or got["dtype"] != "torch.float32":
             raise AssertionError(f"{call} returned a {got['type']} of shape {q.shape} and "
                                  f"dtype {got['dtype']}; expected a float32 tensor of P's shape")
+        zero = ref.ORTHO_ZERO_COLUMN[1] if k == ref.ORTHO_ZERO_COLUMN[0] else None
+        if zero is not None:
+            call += f" whose column {zero} is all zeros (as when the gradient is zero)"
+            if not np.isfinite(q).all():
+                raise AssertionError(f"{call} returned NaN or inf: add eps to each column's "
+                                     "norm before dividing by it, so that a zero column stays "
+                                     "zero instead of becoming 0 / 0")
         gram = q.T @ q
-        if not np.allclose(gram, np.eye(p.shape[1]), atol=1e-4):
+        want = np.eye(p.shape[1])
+        if zero is not None and np.allclose(q[:, zero], 0, atol=1e-6):
+            want[zero, zero] = 0          # stays zero (eps); torch.linalg.qr fills it instead
+        if not np.allclose(gram, want, atol=1e-4):
             norms = np.sqrt(np.diag(gram))
             hint = ("columns are not unit vectors (norms " + np.array2string(norms, precision=3)
-                    + "): divide each by its norm" if not np.allclose(norms, 1, atol=1e-4) else
+                    + "): divide each by its norm" if not np.allclose(norms, np.diag(want),
+                                                                      atol=1e-4) else
                     "columns are not orthogonal: subtract from each column its projections on "
                     "the earlier (already normalised) columns")
-            raise AssertionError(f"{call}: Q^T Q should be the identity, it is\n"
+            but = " (a zero column may stay zero)" if zero is not None else ""
+            raise AssertionError(f"{call}: Q^T Q should be the identity{but}, it is\n"
                                  f"{np.array2string(gram, precision=3)}\n{hint}")
         r = q.T @ p
         if not np.allclose(np.tril(r, -1), 0, atol=1e-4 * max(1, np.abs(p).max())) or \
@@ -142,16 +156,18 @@ def check_compression_rank(path, timeout=TIMEOUT):
         want = ref.compression_rank(shape, rank, rate)
         if got != want:
             call = f"compression_rank({shape}, rank={rank}, min_compression_rate={rate})"
+            did = (f"raised {got['raised']}" if isinstance(got, dict) else
+                   f"returned {got!r}")
             if len(shape) < 2:
-                why = ("1-D tensors (biases) are always sent uncompressed, whatever "
-                       "min_compression_rate")
+                why = ("tensors with fewer than 2 dimensions (biases, scalars) are always sent "
+                       "uncompressed, whatever min_compression_rate")
             else:
                 n, m = shape[0], int(np.prod(shape[1:]))
                 r = min(n, m, rank)
                 why = (f"as a matrix ({n}, {m}); r' = min(n, m, rank) = {r}; compressed: "
                        f"(n + m) * r' * rate = {(n + m) * r * rate:g}, uncompressed: n * m = "
                        f"{n * m}; compress only if the first is smaller")
-            raise AssertionError(f"{call} returned {got!r}, expected {want}: {why}")
+            raise AssertionError(f"{call} {did}, expected {want}: {why}")
 
 
 # ---------------------------------------------------------------- stage 3
@@ -224,6 +240,10 @@ def _check_calls(res, config, size):
                 raise AssertionError(f"{where}: {len(calls)} all_reduce calls; expected the "
                                      f"uncompressed gradients in one buffer, then the P's, then"
                                      f" the Q's (one call per compressed tensor at most)")
+            if got["unused_grad"]:
+                raise AssertionError(f"{where}: the parameter whose grad was None ("
+                                     f"{ref.UNUSED[0]}, an unused layer) has a gradient after "
+                                     f"reduce(): leave parameters without a gradient alone")
             if got["bytes_sent"] != nbytes:
                 raise AssertionError(f"{where}: bytes_sent is {got['bytes_sent']}, but this rank"
                                      f" passed {nbytes} bytes to all_reduce: count numel() * "

@@ -3,7 +3,8 @@
 :func:`probe` runs in every rank (gloo group already initialised by the harness): it calls the
 student's ``orthogonalize`` and ``compression_rank`` on fixed inputs (no communication), then
 trains nothing: it hands the student's ``PowerSGD`` a fixed set of gradients, different on
-every rank and at every step, for ``STEPS`` steps in each of ``CONFIGS`` (:mod:`.reference`),
+every rank and at every step, for ``STEPS`` steps in each of ``CONFIGS`` (:mod:`.reference`;
+among the parameters a frozen one and an unused one whose grad stays None),
 and records every ``torch.distributed`` collective the student's code makes (name, elements,
 bytes), the gradients it leaves and its ``bytes_sent``.
 
@@ -14,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from ..rankworker import not_implemented
-from .reference import CONFIGS, ORTHO_SHAPES, RANK_CASES, SEED, SHAPES, STEPS, gradient, ortho_input
+from .reference import (CONFIGS, ORTHO_SHAPES, RANK_CASES, SEED, SHAPES, STEPS, UNUSED,
+                        gradient, ortho_input)
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce",
                "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "send", "recv",
@@ -107,8 +109,15 @@ def _probe_orthogonalize(student):
 
 
 def _probe_rank(student):
-    return {"results": [student.compression_rank(torch.Size(shape), rank, rate)
-                        for shape, rank, rate in RANK_CASES]}
+    out = []
+    for shape, rank, rate in RANK_CASES:
+        try:
+            out.append(student.compression_rank(torch.Size(shape), rank, rate))
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported by the checker, with the call
+            out.append({"raised": f"{type(exc).__name__}: {exc}"})
+    return {"results": out}
 
 
 def _probe_powersgd(student, ctx):
@@ -117,17 +126,31 @@ def _probe_powersgd(student, ctx):
         for config, kwargs in CONFIGS.items():
             params = [torch.nn.Parameter(torch.zeros(shape)) for shape in SHAPES.values()]
             frozen = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
-            compressor = student.PowerSGD(params + [frozen], seed=SEED, **kwargs)
+            unused = torch.nn.Parameter(torch.zeros(UNUSED[1]))     # its grad stays None
+            given = params[:UNUSED[2]] + [unused] + params[UNUSED[2]:] + [frozen]
+            compressor = student.PowerSGD(given, seed=SEED, **kwargs)
             steps = []
             for step in range(STEPS):
                 for p, name in zip(params, SHAPES):
                     p.grad = gradient(name, step, ctx.rank).clone()
                 rec.take()
-                compressor.reduce()
+                _reduce(compressor)
                 steps.append({"calls": rec.take(),
                               "grads": {n: p.grad.detach().numpy().copy()
                                         for n, p in zip(SHAPES, params)},
-                              "bytes_sent": getattr(compressor, "bytes_sent", None)})
+                              "bytes_sent": getattr(compressor, "bytes_sent", None),
+                              "unused_grad": unused.grad is not None})
             out[config] = {"steps": steps,
                            "total_bytes": getattr(compressor, "total_bytes", None)}
     return out
+
+
+def _reduce(compressor):
+    """``compressor.reduce()``; a crash on the parameter without a gradient says so."""
+    try:
+        compressor.reduce()
+    except (AttributeError, TypeError) as exc:
+        if "NoneType" not in str(exc):
+            raise
+        raise type(exc)(f"{exc}. One parameter ({UNUSED[0]}, {UNUSED[1]}, an unused layer) "
+                        f"has p.grad None: reduce() must skip such parameters") from exc

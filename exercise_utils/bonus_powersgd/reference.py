@@ -20,6 +20,11 @@ SHAPES = {"conv.weight": (6, 2, 3, 3), "conv.bias": (6,), "fc1.weight": (10, 24)
           "fc2.weight": (4, 10), "fc2.bias": (4,)}
 
 
+# a trainable matrix the probe puts among them whose grad stays None (an unused layer):
+# reduce() must skip it (it is never sent, no Q is drawn for it)
+UNUSED = ("unused.weight", (5, 8), 3)      # (name, shape, index in the parameter list)
+
+
 # name -> PowerSGD(..., rank, min_compression_rate, warm_start); "full": exact average expected
 CONFIGS = {"full": dict(rank=64, min_compression_rate=0.0, warm_start=False),
            "rank1": dict(rank=1, min_compression_rate=1.0, warm_start=True),
@@ -37,10 +42,13 @@ SEED = 7                     # PowerSGD(seed=...) in the probe and in the refere
 RANK_CASES = [((10,), 1, 1.0), ((10,), 1, 0.5), ((10,), 4, 0.0), ((6, 2, 3, 3), 2, 1.0),
               ((6, 2, 3, 3), 8, 1.0), ((3, 2), 1, 1.0), ((3, 2), 2, 1.0), ((1, 12), 1, 1.0),
               ((4, 10), 8, 0.0), ((4, 10), 4, 1.0), ((4, 10), 2, 2.0), ((4, 10), 2, 1.0),
-              ((50, 320), 4, 1.0), ((20, 10, 5, 5), 4, 2.0)]
+              ((50, 320), 4, 1.0), ((20, 10, 5, 5), 4, 2.0),
+              ((4, 4), 2, 1.0), ((6, 2, 3, 3), 2, 2.25),    # ties: (n + m) r' rate == n m
+              ((), 1, 1.0)]                                  # a 0-d tensor (a scalar)
 
 
-ORTHO_SHAPES = [(20, 3), (5, 5), (7, 1), (30, 2)]
+ORTHO_SHAPES = [(20, 3), (5, 5), (7, 1), (30, 2), (6, 3)]
+ORTHO_ZERO_COLUMN = (4, 1)   # (input, column): an all-zero column (a zero gradient: P = M Q = 0)
 
 
 def compression_rank(shape, rank, min_compression_rate=1.0):
@@ -59,10 +67,13 @@ def gradient(name, step, rank):
 
 
 def ortho_input(k):
-    """The k-th matrix given to ``orthogonalize`` (the last has two nearly parallel columns)."""
+    """The k-th matrix given to ``orthogonalize`` (input 3 has two nearly parallel columns,
+    input 4 a zero column: :data:`ORTHO_ZERO_COLUMN`)."""
     p = torch.randn(ORTHO_SHAPES[k], generator=torch.Generator().manual_seed(300 + k))
-    if k == len(ORTHO_SHAPES) - 1:
+    if k == 3:
         p[:, 1] = p[:, 0] + 1e-2 * p[:, 1]
+    if k == ORTHO_ZERO_COLUMN[0]:
+        p[:, ORTHO_ZERO_COLUMN[1]] = 0
     return p
 
 

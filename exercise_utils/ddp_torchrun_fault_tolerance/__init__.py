@@ -5,7 +5,10 @@ one machine, and uneven inputs with DDP's ``join``.
 Modules:
 
 * ``checks``: ``check_trainer`` and ``check_snapshots``;
-* ``probes``: the entry point every torchrun worker of a checked job runs (recorders);
+* ``probes``: the entry point every torchrun worker of a checked job runs (recorders, the
+  simulated ``ddp_setup``);
+* ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
+  file in ``tests/wrong/``);
 * ``runner``: settings, data, model, fault injection and ``main`` of the student's trainer;
 * ``lr_scaling``: the accuracy drop with more workers and its fix (a torchrun script);
 * ``multinode``: two torchrun agents on one machine form one job; cluster and SLURM commands;

@@ -6,16 +6,23 @@ point of :mod:`.probes`, which imports the student file, records what the worker
 which rank) and then runs :func:`.runner.main` exactly as the student's own launch does.
 
 :func:`check_trainer` (``ddp_setup``, ``Trainer.__init__``, ``run_epoch``): one run without
-snapshots: it trains every epoch, a new shuffle each epoch (``set_epoch``), and the replicas
-agree at the end although every rank initialised its model from a different seed (DDP).
+snapshots: ``ddp_setup`` as worker 3 of 4 with and without CUDA (simulated, :mod:`.probes`:
+NCCL, ``cuda:LOCAL_RANK`` and ``set_device`` on GPUs, gloo on CPUs, ``config.timeout_s``,
+RANK not LOCAL_RANK as the rank); every rank iterates a ``DistributedSampler`` of its own
+part with ``config.seed``; it trains every epoch, a new shuffle each epoch (``set_epoch``),
+and the replicas agree at the end although every rank initialised its model from a different
+seed (DDP).
 
 :func:`check_snapshots` (``save_snapshot``, ``load_snapshot``), three runs:
 
-A. uninterrupted: snapshots come from rank 0 only and hold the optimizer state (momentum),
-   the scheduler, the counters and every rank's RNG state;
+A. uninterrupted: snapshots come from rank 0 only and hold the unwrapped model's state_dict,
+   the optimizer state (momentum), the scheduler, the counters and every rank's RNG state;
 B. a crash while rank 0 writes a snapshot (half a file written, then killed), one restart:
    must resume from the last complete snapshot and end with A's parameters;
 C. rank 1 killed in the middle of an epoch, one restart: must end with A's parameters.
+
+B and C must also end with A's counters and scheduler (a warm-up that lasts past the first
+snapshot) and load the snapshot with ``map_location``.
 
 Used in 05_ddp_torchrun_fault_tolerance.
 """
@@ -28,10 +35,12 @@ from . import probes
 
 TIMEOUT = 60                 # seconds both workers may make no progress before it is a hang
 LIMIT = 900                  # seconds a job that keeps making progress may run (endless loop)
+SEED, TIMEOUT_S = 3, 20      # config.seed (not the sampler's default 0), config.timeout_s
 RUN = ["--data", "synthetic", "--train-size", "256", "--epochs", "3", "--batch-size", "16",
-       "--model", "mlp", "--lr", "0.05", "--save-every", "1", "--seed", "0",
-       "--timeout-s", "20"]
+       "--model", "mlp", "--lr", "0.05", "--warmup-steps", "20", "--save-every", "1",
+       "--seed", str(SEED), "--timeout-s", str(TIMEOUT_S)]
 STEPS_PER_EPOCH = 8          # 256 examples / 2 workers / 16 per step
+# (the warm-up lasts past the epoch-1 snapshot: a resumed job needs the scheduler's state)
 
 
 def _run(path, folder, name, extra_run=(), restarts=0, timeout=TIMEOUT):
@@ -101,6 +110,7 @@ def check_trainer(path, timeout=TIMEOUT):
     with tempfile.TemporaryDirectory(prefix="dtfs-ddp-") as folder:
         _, final, logs, snap = _checked_run(path, folder, "T", ["--save-every", "1000"],
                                             timeout=timeout)
+        _check_setup(logs)
         _check_records(logs)
         _check_trained(final)
         if snap.exists():
@@ -147,6 +157,11 @@ def _check_records(logs, complete=True):
                                  "write it (all ranks hold the same state; several writers "
                                  "race on one file)")
     for name, log in logs.items():
+        if complete and not log["iterated"]:
+            raise AssertionError(f"{name} never iterated a DistributedSampler: give the "
+                                 "DataLoader sampler=self.sampler, a DistributedSampler, so that "
+                                 "every rank trains on its own part of the data")
+        _check_samplers(name, log.get("samplers", []))
         want = list(range(epochs if complete else len(log["iterated"])))
         if log["iterated"] != want:
             raise AssertionError(
@@ -155,11 +170,62 @@ def _check_records(logs, complete=True):
                 "before iterating, or every epoch repeats the same order")
 
 
+def _check_samplers(name, samplers):
+    """Every sampler a rank iterated: shuffled with config.seed, this rank's part of 2."""
+    rank = int(re.match(r"rank(\d+)", name).group(1))
+    want = {"seed": SEED, "shuffle": True, "num_replicas": 2, "rank": rank}
+    for got in samplers:
+        wrong = {k: got[k] for k in want if got[k] != want[k]}
+        if wrong:
+            raise AssertionError(
+                f"{name} iterated a DistributedSampler with {wrong}; expected {want} "
+                f"(config.seed is {SEED}): DistributedSampler(train_set, num_replicas="
+                "world_size, rank=rank, shuffle=True, seed=config.seed). With another seed "
+                "the run's data order is not the one config.seed chooses")
+
+
+def _check_setup(logs):
+    """``ddp_setup`` as worker 3 of 4 (LOCAL_RANK 1), with CUDA and without (simulated)."""
+    from .probes import FAKE_ENV
+    setup = next((log["setup"] for log in logs.values() if "setup" in log), None)
+    if setup is None:
+        return
+    env = ", ".join(f"{k}={FAKE_ENV[k]}" for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    for kind, backend, device in (("cuda", "nccl", "cuda:1"), ("cpu", "gloo", "cpu")):
+        got = setup[kind]
+        where = (f"ddp_setup(config) for the worker {env} on a machine "
+                 f"{'with' if kind == 'cuda' else 'without'} CUDA (simulated: no group is joined)")
+        if "error" in got:
+            raise AssertionError(f"{where} raised {got['error']}")
+        if len(got["init"]) != 1:
+            raise AssertionError(f"{where} called init_process_group {len(got['init'])} times; "
+                                 "expected once")
+        init, want = got["init"][0], [3, 1, 4, device]
+        if init["backend"] != backend:
+            raise AssertionError(f"{where} chose the backend {init['backend']!r}; expected "
+                                 f"{backend!r} (NCCL on GPUs, gloo on CPUs)")
+        if init["timeout"] != TIMEOUT_S:
+            raise AssertionError(
+                f"{where} called init_process_group with timeout {init['timeout']} s; expected "
+                f"config.timeout_s = {TIMEOUT_S} s (timeout=datetime.timedelta(seconds="
+                "config.timeout_s)): with the default a missing collective hangs for 30 minutes")
+        if got["returned"] != want:
+            raise AssertionError(
+                f"{where} returned {got['returned']}; expected (rank, local_rank, world_size, "
+                f"device) = {tuple(want)}: the rank is RANK (over all nodes), the GPU is "
+                "LOCAL_RANK (on this node)")
+        if kind == "cuda" and not set(got["set_device"]) & {"1", "cuda:1"}:
+            raise AssertionError(f"{where} called torch.cuda.set_device with "
+                                 f"{got['set_device'] or 'nothing'}; expected LOCAL_RANK (1)")
+
+
 def _check_trained(final):
     epochs = 3
     if final["epochs_run"] != epochs or final["step"] != epochs * STEPS_PER_EPOCH:
         raise AssertionError(f"after the run epochs_run = {final['epochs_run']} and step = "
-                             f"{final['step']}; expected {epochs} and {epochs * STEPS_PER_EPOCH}")
+                             f"{final['step']}; expected {epochs} and {epochs * STEPS_PER_EPOCH}"
+                             f" (256 examples, half of them per rank, config.batch_size = 16 "
+                             f"per rank and step: {STEPS_PER_EPOCH} steps per epoch)")
     sums = final["checksums"]
     if any(max(abs(a - b) for a, b in zip(s, sums[0])) > 1e-6 for s in sums[1:]):
         raise AssertionError("the replicas differ at the end (rank 0 and rank 1 hold different "
@@ -179,6 +245,13 @@ def _check_uninterrupted(final, logs, snap):
     if missing:
         raise AssertionError(f"the snapshot lacks {missing}: without them a restarted job "
                              "cannot continue exactly where it stopped")
+    keys = sorted(final["model"])
+    saved = sorted(s["model"]) if isinstance(s["model"], dict) else [type(s["model"]).__name__]
+    if saved != keys:
+        raise AssertionError(f"snapshot['model'] has the keys {saved[:3]}...; the "
+                             f"model's are {keys[:3]}...: save the unwrapped module's "
+                             "state_dict (self.model.module.state_dict(), without DDP's "
+                             "'module.' prefix), which also loads into a model without DDP")
     momentum = [v for v in s["optimizer"].get("state", {}).values() if "momentum_buffer" in v]
     if not momentum:
         raise AssertionError("the snapshot's optimizer state holds no momentum buffers: save "
@@ -218,6 +291,12 @@ def _check_resumed(final, want, logs, what):
                              f"= {final['step']}; the uninterrupted run ended with "
                              f"{want['epochs_run']} and {want['step']}: work was repeated or "
                              "skipped")
+    if final["scheduler_steps"] != want["scheduler_steps"]:
+        raise AssertionError(f"run {what}: the learning-rate scheduler ended after "
+                             f"{final['scheduler_steps']} steps, the uninterrupted run's after "
+                             f"{want['scheduler_steps']}: restore it from the snapshot "
+                             "(self.scheduler.load_state_dict(snapshot['scheduler'])), or the "
+                             "warm-up starts again after every restart")
     for name, value in want["model"].items():
         got = final["model"][name].numpy()
         if not np.allclose(got, value.numpy(), atol=1e-6, rtol=1e-5):

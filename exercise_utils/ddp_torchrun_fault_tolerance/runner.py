@@ -12,8 +12,8 @@ Fault injection (first attempt only, i.e. ``TORCHELASTIC_RESTART_COUNT`` is 0):
 it was given and then kills the process (a crash during a write). torchrun then restarts
 every worker (``--max-restarts``) and they resume from the snapshot.
 
-At the end rank 0 writes ``--out``: the final model state, the trainer's counters and
-every rank's parameter checksum (replicas must agree). Used in 05_ddp_torchrun_fault_tolerance.
+At the end rank 0 writes ``--out``: the final model state, the trainer's counters (and the
+scheduler's step count) and every rank's parameter checksum (replicas must agree). Used in 05_ddp_torchrun_fault_tolerance.
 """
 import argparse
 import dataclasses
@@ -213,8 +213,8 @@ def _write_result(trainer, config, rank, world_size):
     if rank == 0 and config.out:
         state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
         torch.save({"model": state, "epochs_run": trainer.epochs_run, "step": trainer.step,
-                    "checksums": sums, "attempt": attempt(), "world_size": world_size},
-                   config.out)
+                    "scheduler_steps": trainer.scheduler.last_epoch, "checksums": sums,
+                    "attempt": attempt(), "world_size": world_size}, config.out)
 
 
 def restart_story(output, width=150):

@@ -1,4 +1,9 @@
-"""WRONG (notebook 05, snapshots_every_rank_saves): every rank writes the snapshot (to the same file), racing on it; each writes only its own random state.
+"""WRONG (notebook 05, snapshots_every_rank_saves): every rank writes the snapshot (each to the
+same temporary file, then os.replace over the same snapshot), racing on it.
+
+Violates: "Rank 0 writes it to a temporary file next to config.snapshot and renames it over
+config.snapshot (``os.replace``: atomic, so a crash during the write never leaves a torn
+snapshot)."
 
 Based on the solution with this one flaw; the checker must reject it.
 """

@@ -1,5 +1,9 @@
 """WRONG (notebook 05, snapshots_in_place): rank 0 writes the snapshot directly over the previous one (no temporary file, no rename): a crash during the write leaves a torn file that the restarted job tries to load.
 
+Violates: "Rank 0 writes it to a temporary file next to config.snapshot and renames it over
+config.snapshot (``os.replace``: atomic, so a crash during the write never leaves a torn
+snapshot)."
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import datetime

@@ -1,8 +1,10 @@
 """WRONG (notebook 05, snapshots_in_place_file_object): rank 0 writes the snapshot in place
 through an open file (flush and fsync, but no temporary file and no os.replace), so a crash
-during the write leaves a torn snapshot that the restarted job loads. Violates: "Rank 0
-writes it to a temporary file next to config.snapshot and renames it over config.snapshot
-(os.replace: atomic, so a crash during the write never leaves a torn snapshot)".
+during the write leaves a torn snapshot that the restarted job loads.
+
+Violates: "Rank 0 writes it to a temporary file next to config.snapshot and renames it over
+config.snapshot (``os.replace``: atomic, so a crash during the write never leaves a torn
+snapshot)."
 
 Based on the solution with this one flaw; the checker must reject it.
 """

@@ -1,5 +1,9 @@
 """WRONG (notebook 05, snapshots_no_optimizer_state): the snapshot keeps the model, scheduler, counters and random states but not the optimizer, so a resumed run restarts momentum from zero.
 
+Violates: "The snapshot (a dict for ``torch.save``) holds: "model" (the unwrapped module's
+state_dict), "optimizer", "scheduler", "epochs_run", "step", and "rng": the random states of
+EVERY rank (``runner.rng_state()`` gathered with all_gather_object; rank r restores entry r)."
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import datetime

@@ -1,5 +1,8 @@
 """WRONG (notebook 05, trainer_no_ddp): the model is moved to the device but never wrapped in DistributedDataParallel, so each rank trains its own model on its own part of the data (no broadcast of rank 0's initial parameters, no gradient averaging).
 
+Violates: "Move the model to ``device`` and wrap it in DDP (``device_ids=[local_rank]`` on a
+GPU, none on the CPU)."
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import datetime

@@ -1,5 +1,8 @@
 """WRONG (notebook 05, trainer_no_set_epoch): the sampler is never told the epoch, so every epoch visits the data in the same order.
 
+Violates: "First tell the sampler which epoch this is (``set_epoch``: a new shuffle every
+epoch, the same on every rank), before iterating over the loader."
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import datetime

@@ -1,5 +1,9 @@
 """WRONG (notebook 08, compression_rank_ignores_rate): compression_rank ignores min_compression_rate: it compresses whenever (n + m) * r' < n * m.
 
+Violates: "Otherwise, with the tensor viewed as a matrix (n, m), n = shape[0], m = the product
+of the other dimensions, and r' = min(n, m, rank): r' if (n + m) * r' * min_compression_rate <
+n * m (compressing saves enough), else 0."
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import torch

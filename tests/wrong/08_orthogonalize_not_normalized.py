@@ -1,5 +1,9 @@
 """WRONG (notebook 08, orthogonalize_not_normalized): orthogonalize subtracts the projections on the earlier columns but never divides the columns by their norms (and so projects with unnormalised columns).
 
+Violates: "A tensor of P's shape and dtype (it may be ``P`` itself, changed in place) whose
+columns are orthonormal, column j built from P's columns 0..j only: column j minus its
+projections on the (already orthonormal) columns 0..j-1, divided by its norm (+ eps)."
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import torch

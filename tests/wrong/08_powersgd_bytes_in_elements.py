@@ -1,5 +1,9 @@
 """WRONG (notebook 08, powersgd_bytes_in_elements): PowerSGD.reduce counts elements, not bytes, in bytes_sent (numel() without element_size()).
 
+Violates: "bytes_sent: bytes this rank passed to ``all_reduce`` during the last ``reduce()``
+(elements times element size, all calls together). total_bytes: the same, summed over every
+``reduce()`` so far."
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import torch

@@ -1,5 +1,8 @@
 """WRONG (notebook 08, powersgd_compress_1d): compression_rank views a 1-D tensor (a bias) of length n as an (n, 1) matrix instead of always sending it uncompressed, so with a min_compression_rate below 1 biases are compressed (more elements and collectives than needed).
 
+Violates: "1-D tensors (biases) and matrices that would not shrink are all-reduced
+uncompressed, together in ONE flat buffer."
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import torch

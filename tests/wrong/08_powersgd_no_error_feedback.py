@@ -1,5 +1,7 @@
 """WRONG (notebook 08, powersgd_no_error_feedback): PowerSGD.reduce computes and stores error = M - P Q^T but never adds it to the next step's gradient (M is the raw gradient), so what the low-rank approximation misses is lost for good.
 
+Violates: "M = grad viewed as (n, m), plus ``self.errors[i]`` if there is one."
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import torch

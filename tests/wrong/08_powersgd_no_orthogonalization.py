@@ -1,5 +1,10 @@
 """WRONG (notebook 08, powersgd_no_orthogonalization): PowerSGD.reduce skips orthogonalize(P) after the all_reduce of P, so P Q^T = P P^T M is not a projection (wrong scale and mixing).
 
+Violates: "Then P = M Q; all_reduce the P's (sum; they may share one flat buffer); P =
+orthogonalize(P); Q = M^T P; all_reduce the Q's and divide them by the world size; approx = P
+Q^T; ``self.errors[i] = M - approx``; ``self.qs[i] = Q``; ``p.grad`` <- approx (its own
+shape)."
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import torch

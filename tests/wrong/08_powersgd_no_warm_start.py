@@ -1,5 +1,8 @@
 """WRONG (notebook 08, powersgd_no_warm_start): PowerSGD.reduce draws a fresh random Q at every step even with warm_start=True, so each step's power iteration starts from scratch.
 
+Violates: "Q is ``self.qs[i]``, or ``self.new_q(m, r')`` if there is none yet or if
+``warm_start`` is False (draw them in parameter order)."
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import torch

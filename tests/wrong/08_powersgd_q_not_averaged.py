@@ -1,5 +1,10 @@
 """WRONG (notebook 08, powersgd_q_not_averaged): PowerSGD.reduce all-reduces the Q's (a sum) but never divides them by the world size, so every compressed gradient is world_size times too large.
 
+Violates: "Then P = M Q; all_reduce the P's (sum; they may share one flat buffer); P =
+orthogonalize(P); Q = M^T P; all_reduce the Q's and divide them by the world size; approx = P
+Q^T; ``self.errors[i] = M - approx``; ``self.qs[i] = Q``; ``p.grad`` <- approx (its own
+shape)."
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import torch
