@@ -39,6 +39,17 @@ EXPECTED = {
     "01_convergence_local_loss": "global_loss differs between ranks",
     "01_convergence_mean_of_means": "expected 0.400000",
     "01_convergence_seed_bug": "converged(None, 1.0, 0.01) raised TypeError",
+    "01_shards_bcast_whole_dataset": "rank 1 received 44 numbers, but its shard holds only 16",
+    "01_shards_proportional_bounds": "in rank order with the larger ones first",
+    "01_broadcast_parameters_only": "in bn.running_mean",
+    "01_broadcast_float_tensors_only": "in bn.num_batches_tracked",
+    "01_convergence_not_prev_loss": "converged(0.0, 0.0, 0.01) returned False, expected True "
+                                    "(a previous loss of 0.0 is a loss",
+    "01_convergence_relative_to_new_loss": "converged(1.0, 0.75, 0.25) returned False",
+    "01_allreduce_sgd_no_copy_back": "must equal single-process SGD",
+    "01_allreduce_sgd_pickle_allreduce": "made these calls per step: {'allreduce': 1.0}",
+    "01_model_averaging_rebinds": "average_weights replaced the model's tensors",
+    "01_model_averaging_generator_reused": "must hold the mean of all 3 ranks' parameters",
 }
 
 

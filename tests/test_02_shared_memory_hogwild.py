@@ -1,6 +1,7 @@
-"""Notebook 02 (shared-memory Hogwild): its checkers against the solution and known-wrong
-files, the experiment script's helpers, and the whole notebook autograded as a solution and
-as a blank release."""
+"""Notebook 02 (shared-memory Hogwild): its checkers against the solution, known-wrong files
+and correct variants, the experiment script's helpers, and the whole notebook autograded as a
+solution and as a blank release."""
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEM = "02_shared_memory_hogwild"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 WRONG = ROOT / "tests" / "wrong"
+RIGHT = ROOT / "tests" / "right"
 CHECKERS = {"sampler": checks.check_sampler, "hogwild": checks.check_hogwild}
 POINTS = 8.0            # 3 (sampler) + 5 (hogwild)
 
@@ -25,6 +27,12 @@ EXPECTED = {
     "02_hogwild_same_data": "read 720 samples; it must read exactly its own partition",
     "02_hogwild_no_set_epoch": "call sampler.set_epoch(epoch)",
     "02_hogwild_ignores_crash": "returned normally although one worker crashed",
+    "02_sampler_global_rng": "partition_indices changed torch's global random state",
+    "02_sampler_pads_once": "returned 0 indices; every replica must get ceil(dataset_len",
+    "02_sampler_contiguous_blocks": "other samples than DistributedSampler",
+    "02_hogwild_one_at_a_time": "the workers trained one after the other",
+    "02_hogwild_momentum": "must take one plain SGD step per batch",
+    "02_hogwild_threads_all_cores": "(threads=None): the workers ran with",
 }
 
 
@@ -49,6 +57,18 @@ def test_checker_rejects_wrong_file(stem):
     with pytest.raises(AssertionError) as err:
         CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py")
     assert EXPECTED[stem] in str(err.value)
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in RIGHT.glob("02_*.py")))
+def test_checker_accepts_right_file(stem):
+    """Correct files written differently from the solution (tests/right/) must pass."""
+    CHECKERS[exercise_of(stem)](RIGHT / f"{stem}.py")
+
+
+def test_every_checker_has_two_right_files():
+    per_checker = {name: sum(exercise_of(p.stem) == name for p in RIGHT.glob("02_*.py"))
+                   for name in CHECKERS}
+    assert min(per_checker.values()) >= 2, per_checker
 
 
 def test_sampler_reference_is_torch():
@@ -86,6 +106,22 @@ def test_autograde_solution_and_blank(tmp_path):
 def _read_many(data, index, times):
     for _ in range(times):
         data[index]
+
+
+def test_recording_dataset_tells_forked_readers(monkeypatch):
+    """A worker forked from the probe's process inherits its marker (check_hogwild rejects
+    fork); the probe's own reads are not a fork's."""
+    import multiprocessing
+    import torch
+    from exercise_utils.shared_memory_hogwild import probes as hogwild_probes
+    monkeypatch.setattr(hogwild_probes, "_FORKED_FROM", os.getpid())
+    data = hogwild_probes.RecordingDataset(torch.zeros(2, 3), torch.zeros(2), slots=2)
+    data[0]
+    assert not data.was_forked()
+    child = multiprocessing.get_context("fork").Process(target=_read_many, args=(data, 1, 1))
+    child.start()
+    child.join()
+    assert data.was_forked()
 
 
 def test_recording_dataset_loses_no_read_when_workers_race():

@@ -43,12 +43,23 @@ def check_shards(path, timeout=TIMEOUT):
                            {"n": n, "root": root}, timeout, what="shard_bounds / scatter_shards")
         for case, bounds in zip(SHARD_CASES, shards[0][0]):
             _check_bounds(*case, bounds)
-        for rank, ((a, b), (_, xs, ys)) in enumerate(zip(_bounds(n, size), shards)):
+        for rank, ((a, b), (_, xs, ys, received)) in enumerate(zip(_bounds(n, size), shards)):
+            call = f"scatter_shards with {size} ranks, {n} samples, root={root}"
             if not np.array_equal(ys, np.arange(a, b)):
-                raise AssertionError(
-                    f"scatter_shards with {size} ranks, {n} samples, root={root}: rank {rank} "
-                    f"received samples {ys.tolist()}, expected {list(range(a, b))}")
+                raise AssertionError(f"{call}: rank {rank} received samples {ys.tolist()}, "
+                                     f"expected {list(range(a, b))}")
             assert_close(xs, np.arange(n * 3).reshape(n, 3)[a:b], "the x shard", rank, 0, 0)
+            _check_received(call, rank, root, received, shard=(b - a) * 4, size=size, n=n)
+
+
+def _check_received(call, rank, root, received, shard, size, n):
+    """A rank other than root may receive its shard (4 numbers a sample: x has 3, y 1) and a
+    little bookkeeping (bounds, counts), never the whole dataset."""
+    if rank != root and received > shard + 2 * size + 2:
+        raise AssertionError(
+            f"{call}: rank {rank} received {received} numbers, but its shard holds only {shard} "
+            f"(the whole dataset is {n * 4}): send every rank only its own shard (e.g. "
+            f"comm.scatter of the pieces on root), never the whole dataset to be sliced there")
 
 
 def _bounds(n, size):
@@ -117,10 +128,16 @@ def check_model_averaging(path, timeout=TIMEOUT):
     for size, root in ((3, 0), (2, 1)):
         res = run_ranks(path, probes.probe_average, size, "mpi", {"root": root}, timeout,
                         what="average_weights")
-        mean = {k: np.mean([before[k] for before, _ in res], axis=0) for k in res[0][0]}
-        for rank, (_, after) in enumerate(res):
+        mean = {k: np.mean([before[k] for before, _, _ in res], axis=0) for k in res[0][0]}
+        for rank, (_, after, same) in enumerate(res):
             assert_close(after, mean, f"after average_weights with {size} ranks (root={root}) "
                          f"every rank must hold the mean of all {size} ranks' parameters", rank)
+            if not same:
+                raise AssertionError(
+                    f"rank {rank}: average_weights replaced the model's tensors instead of "
+                    f"copying the average into them; an optimizer or another reference to the "
+                    f"parameters would still see the old ones. Copy in place (tensor.copy_(...) "
+                    f"under torch.no_grad(), or model.load_state_dict).")
 
 
 # ---------------------------------------------------------------- convergence
@@ -132,7 +149,9 @@ def check_convergence(path, timeout=TIMEOUT):
         for (args, want), got in zip(CONVERGED_CASES, res[0][0]):
             if got != want:
                 got = f"raised {got['raised']}" if isinstance(got, dict) else f"returned {got}"
-                raise AssertionError(f"converged{args} {got}, expected {want}: stop "
+                zero = (" (a previous loss of 0.0 is a loss: test `prev_loss is None`, not "
+                        "`not prev_loss`)" if args[0] == 0.0 else "")
+                raise AssertionError(f"converged{args} {got}, expected {want}{zero}: stop "
                                      f"when abs(prev_loss - loss) <= rel_tol * abs(prev_loss); "
                                      f"never on the first epoch (prev_loss is None)")
         losses = [loss for _, loss in res]

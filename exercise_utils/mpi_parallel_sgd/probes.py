@@ -74,21 +74,66 @@ def _student_bounds(student, cases):
     return [[tuple(int(v) for v in b) for b in student.shard_bounds(n, s)] for n, s in cases]
 
 
+# where an uppercase call writes what it receives: (position, keyword) of its receive buffer
+RECEIVE_BUFFERS = {"Bcast": (0, "buf"), "Recv": (0, "buf"), "Irecv": (0, "buf"),
+                   "Scatter": (1, "recvbuf"), "Scatterv": (1, "recvbuf"),
+                   "Allgather": (1, "recvbuf"), "Allgatherv": (1, "recvbuf"),
+                   "Allreduce": (1, "recvbuf"), "Alltoall": (1, "recvbuf"),
+                   "Alltoallv": (1, "recvbuf"), "Sendrecv": (3, "recvbuf")}
+
+
+class ReceiveCounter:
+    """Wraps an MPI communicator; counts the array elements this rank receives: the numbers in
+    the arrays and tensors a lowercase call returns, or the receive buffer of an uppercase one."""
+
+    def __init__(self, comm):
+        self._comm, self.received = comm, 0
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        if name not in COLLECTIVES and name not in RECEIVE_BUFFERS:
+            return attr
+
+        def counted(*args, **kwargs):
+            from mpi4py import MPI          # only in worker processes, never in the kernel
+            result = attr(*args, **kwargs)
+            if name in RECEIVE_BUFFERS:
+                pos, key = RECEIVE_BUFFERS[name]
+                buf = kwargs.get(key, args[pos] if len(args) > pos else None)
+                self.received += 0 if buf is None or buf is MPI.IN_PLACE else _numel(buf)
+            elif name[0].islower():
+                self.received += _elements_in(result)
+            return result
+        return counted
+
+
+def _elements_in(obj):
+    """Array and tensor elements in a (nested) Python object."""
+    if isinstance(obj, (list, tuple)):
+        return sum(_elements_in(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_elements_in(o) for o in obj.values())
+    return _numel(obj) if isinstance(obj, (np.ndarray, torch.Tensor)) else 0
+
+
 def probe_scatter(student, ctx, n, root):
+    """Returns the student's bounds (rank 0), this rank's shard and the elements it received."""
     bounds = _student_bounds(student, SHARD_CASES) if ctx.rank == 0 else None
     x = y = None
     if ctx.rank == root:
         x = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3)
         y = torch.arange(n)
-    xs, ys = student.scatter_shards(ctx.comm, x, y, root=root)
-    return bounds, np.asarray(xs), np.asarray(ys)
+    comm = ReceiveCounter(ctx.comm)
+    xs, ys = student.scatter_shards(comm, x, y, root=root)
+    return bounds, np.asarray(xs), np.asarray(ys), comm.received
 
 
 # ---------------------------------------------------------------- broadcast
 def probe_broadcast(student, ctx, root):
     torch.manual_seed(100 + ctx.rank)
     model = BNNet()
-    model(torch.randn(8, 10))                         # rank-specific BatchNorm buffers
+    for _ in range(ctx.rank + 1):                     # rank-specific BatchNorm buffers, and
+        model(torch.randn(8, 10))                     # num_batches_tracked (int64) too
     before = state_arrays(model)
     ptrs = [t.data_ptr() for t in model.state_dict().values()]
     student.broadcast_parameters(ctx.comm, model, root=root)
@@ -162,14 +207,18 @@ def probe_average(student, ctx, root):
     torch.manual_seed(7 + ctx.rank)
     model = TinyMLP()
     before = state_arrays(model)
+    ptrs = [t.data_ptr() for t in model.state_dict().values()]
     student.average_weights(ctx.comm, model, root=root)
-    return before, state_arrays(model)
+    same = ptrs == [t.data_ptr() for t in model.state_dict().values()]
+    return before, state_arrays(model), same
 
 
 # ---------------------------------------------------------------- convergence
 CONVERGED_CASES = [((None, 1.0, 0.01), False), ((1.0, 0.995, 0.01), True),
                    ((1.0, 0.9, 0.01), False), ((2.0, 1.99, 0.01), True),
-                   ((1.0, 1.5, 0.01), False), ((0.5, 0.5, 0.0), True)]
+                   ((1.0, 1.5, 0.01), False), ((0.5, 0.5, 0.0), True),
+                   ((0.0, 0.0, 0.01), True),       # a loss of 0.0 is not "no loss yet"
+                   ((1.0, 0.75, 0.25), True)]      # relative to prev_loss, not to loss
 LOSS_SUMS, COUNTS = [3.0, 10.0, 1.0], [10, 20, 5]
 
 

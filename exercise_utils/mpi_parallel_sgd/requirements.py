@@ -13,6 +13,7 @@ REQUIREMENTS = {
         "Return a list of `size` (start, stop) pairs that tile range(n_samples) in rank order.",
         "Shard sizes differ by at most one; the first n_samples % size ranks get one more.",
         "On `root`, x and y hold every sample (None elsewhere). Return this rank's (x, y) shard.",
+        "Every rank receives only its own shard, never the whole dataset.",
     ],
     "broadcast": [
         "After the call, every rank's model.state_dict() equals root's",
@@ -28,5 +29,6 @@ REQUIREMENTS = {
     ],
     "model_averaging": [
         "After the call every rank's parameters equal the mean over ranks of their parameters.",
+        "Copy the mean into the model's own tensors, in place.",
     ],
 }

@@ -5,10 +5,12 @@ thing) and the Hogwild exercise (``train_worker`` and ``hogwild``).
 ``torch.utils.data.DistributedSampler`` over many (dataset size, replicas, rank, shuffle,
 seed, epoch, drop_last) combinations, and names the first problem it finds in this order:
 lengths, samples never visited, ignored epoch or seed, dropped samples, padding, exact
-order. ``check_hogwild`` checks what :func:`.probes.probe_hogwild` recorded: each worker's
-partition and epochs, its threads, the shared model, the accuracy, and that a crashed worker
-is reported. The probes run in a fresh process (:func:`exercise_utils.harness.run_ranks`),
-never in the notebook kernel.
+order, and that torch's global random state is left alone. ``check_hogwild`` checks what
+:func:`.probes.probe_hogwild` recorded: each worker's partition and epochs, its plain SGD steps
+(against :func:`reference_worker_state`), its threads, workers that run at the same time
+(spawned, not forked) on the shared model, the accuracy, that a crashed worker is reported,
+and the default thread count. The probes run in a fresh process
+(:func:`exercise_utils.harness.run_ranks`), never in the notebook kernel.
 
 Used in 02_shared_memory_hogwild.
 """
@@ -16,11 +18,14 @@ import math
 from collections import Counter
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-from ..harness import HANG_AFTER, run_ranks
+from ..harness import HANG_AFTER, assert_close, run_ranks, state_arrays
 from . import probes
-from .probes import EPOCHS, N_SAMPLES, SEED, sampler_cases, shuffled_order
+from .probes import (BATCH, EPOCHS, LR, N_SAMPLES, SEED, sampler_cases, shuffled_order,
+                     task_data)
 
 SAMPLER_TIMEOUT = HANG_AFTER    # seconds without progress before a check is a hang (harness)
 HOGWILD_TIMEOUT = HANG_AFTER
@@ -49,13 +54,20 @@ def _short(items, limit=16):
 
 def check_sampler(path, timeout=SAMPLER_TIMEOUT):
     """Check ``partition_indices`` of ``path`` against ``torch.utils.data.DistributedSampler``."""
-    got = run_ranks(path, probes.probe_sampler, 1, "none", timeout=timeout,
-                    what="partition_indices")[0]
+    got, reseeded = run_ranks(path, probes.probe_sampler, 1, "none", timeout=timeout,
+                              what="partition_indices")[0]
     groups = dict(zip(sampler_cases(), got))
     for check in (_check_lengths, _check_coverage, _check_epoch_and_seed, _check_dropped,
                   _check_padding, _check_exact):
         for case, per_rank in groups.items():
             check(case, per_rank, groups)
+    if reseeded:
+        raise AssertionError(
+            "partition_indices changed torch's global random state (torch.manual_seed, or "
+            "torch.randperm without generator=): every call would reseed the random numbers of "
+            "the whole training (initialisation, dropout, augmentation). Shuffle with a "
+            "generator of its own: g = torch.Generator(); g.manual_seed(seed + epoch); "
+            "torch.randperm(dataset_len, generator=g)")
 
 
 def _check_lengths(case, per_rank, groups):
@@ -174,6 +186,18 @@ def check_hogwild(path, timeout=HOGWILD_TIMEOUT, workers=3, crash_workers=2):
             f"crashed (it raised an exception, so its exit code was 1): after joining, check "
             f"every process's exitcode and raise RuntimeError if one is not 0, or failed "
             f"training goes unnoticed")
+    _check_default_threads(res["default_threads"], crash_workers)
+
+
+def _check_default_threads(default, workers):
+    call = f"hogwild(model, dataset, num_workers={workers}) (threads=None)"
+    used = sorted({t for seq in default["reads"].values() for _, t in seq})
+    if used != [default["share"]]:
+        got = f"ran with {used} thread(s)" if used else "read no sample"
+        raise AssertionError(
+            f"{call}: the workers {got}; threads=None means max(1, os.cpu_count() // "
+            f"num_workers) = {default['share']} thread(s) per worker on this machine (its "
+            f"share of the cores: more threads than cores slow everything down)")
 
 
 def check_serial(res, workers):
@@ -205,6 +229,26 @@ def check_serial(res, workers):
     if changed == 0:
         raise AssertionError(f"{call} did not change the model it was given: train `model` "
                              f"itself in place (an optimizer over model.parameters()), not a copy")
+    assert_close(res["serial"]["state"], reference_worker_state(workers),
+                 f"{call} must take one plain SGD step per batch of its DataLoader: "
+                 f"torch.optim.SGD(model.parameters(), lr=lr) with no momentum or weight decay, "
+                 f"on F.cross_entropy(model(x), y); the model after it")
+
+
+def reference_worker_state(workers, rank=1):
+    """The model after ``train_worker(rank, workers, ...)`` alone: plain SGD on its batches."""
+    x, y = task_data()
+    with torch.random.fork_rng(devices=[]):      # the probe's model, without touching ours
+        model = probes._model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for epoch in range(EPOCHS):
+        order = reference_partition(N_SAMPLES, workers, rank, True, SEED, epoch, False)
+        for start in range(0, len(order), BATCH):
+            batch = order[start:start + BATCH]
+            optimizer.zero_grad()
+            F.cross_entropy(model(x[batch]), y[batch]).backward()
+            optimizer.step()
+    return state_arrays(model)
 
 
 def _check_threads(call, reads, threads):
@@ -239,6 +283,11 @@ def _check_parallel(res, workers):
             raise AssertionError(f"{call}: a worker read {_short(samples)}, which is no rank's "
                                  f"DistributedSampler order (rank 0 expected: "
                                  f"{_short(expected[0])})")
+    if out["together"] < workers:
+        raise AssertionError(
+            f"{call}: at most {out['together']} worker process(es) were running at the same "
+            f"time: the workers trained one after the other. Start them all, then join them "
+            f"all (a join right after each start waits for that worker to finish)")
     _check_threads(call, reads, res["threads"])
     if out["changed"] == 0:
         raise AssertionError(
@@ -246,6 +295,11 @@ def _check_parallel(res, workers):
             f"workers trained private copies. Call model.share_memory() before starting the "
             f"workers, pass `model` itself to every worker, and do not copy it in the worker "
             f"(with the fork start method nothing is shared unless you call share_memory())")
+    if out["forked"]:
+        raise AssertionError(
+            f"{call}: the workers were started with fork (a copy of the running process, "
+            f"threads excluded: section 1), not spawn. Use torch.multiprocessing.get_context("
+            f"\"spawn\").Process (a bare mp.Process forks on Linux up to Python 3.13)")
     if out["accuracy"] < MIN_ACCURACY:
         raise AssertionError(
             f"{call}: the shared model reaches only {out['accuracy']:.2f} training accuracy "

@@ -37,7 +37,9 @@ def sampler_cases():
 
 
 def probe_sampler(student, ctx):
-    """Return, for every case, the list of every rank's indices (or what the call raised)."""
+    """Return, for every case, the list of every rank's indices (or what the call raised), and
+    whether the calls changed torch's global random state (a sampler must not)."""
+    rng = torch.get_rng_state()
     results = []
     for n, replicas, shuffle, seed, epoch, drop_last in sampler_cases():
         per_rank = []
@@ -55,7 +57,7 @@ def probe_sampler(student, ctx):
             except (TypeError, ValueError):
                 per_rank.append(f"returned {got!r}, not a list of int")
         results.append(per_rank)
-    return results
+    return results, not torch.equal(rng, torch.get_rng_state())
 
 
 def shuffled_order(n, shuffle, seed, epoch):
@@ -66,25 +68,29 @@ def shuffled_order(n, shuffle, seed, epoch):
 
 
 # ---------------------------------------------------------------- hogwild
-# ---------------------------------------------------------------- hogwild
 N_SAMPLES, FEATURES, CLASSES = 240, 20, 4   # 240 = 80 per worker with 3 workers, 120 with 2
 EPOCHS, BATCH, LR, SEED = 3, 16, 0.2, 5
+
+
+_FORKED_FROM = None    # the probe's pid, set before hogwild: a forked worker inherits it
 
 
 class RecordingDataset(torch.utils.data.Dataset):
     """A map-style dataset that logs every read in shared memory (works across processes).
 
     ``dataset[i]`` returns ``(x[i], y[i])`` and records, for the k-th read of sample i, the
-    reading process's pid, a per-process sequence number and ``torch.get_num_threads()``.
-    Reading sample ``fail_index`` raises (to crash the worker that owns it).
+    reading process's pid, a per-process sequence number, ``torch.get_num_threads()`` and
+    whether the process was forked from the probe's (it inherited ``_FORKED_FROM``; a spawned
+    one imports this module afresh). Reading sample ``fail_index`` raises (to crash the worker
+    that owns it).
     """
 
     def __init__(self, x, y, slots, fail_index=None):
         n = len(y)
         self.x, self.y, self.fail_index = x, y, fail_index
         self.count = torch.zeros(n, dtype=torch.int64).share_memory_()
-        self.pid, self.seq, self.threads = (torch.full((n, slots), -1, dtype=torch.int64)
-                                            .share_memory_() for _ in range(3))
+        self.pid, self.seq, self.threads, self.forked = (
+            torch.full((n, slots), -1, dtype=torch.int64).share_memory_() for _ in range(4))
         self._next = 0          # per process: every process reads its own unpickled copy
         # Two workers may read the same sample at once (in different epochs): claiming a slot
         # is a read-modify-write of shared memory, so it takes a lock (inherited or passed to
@@ -107,6 +113,7 @@ class RecordingDataset(torch.utils.data.Dataset):
         if k < self.pid.shape[1]:
             self.pid[index, k], self.seq[index, k] = os.getpid(), self._next
             self.threads[index, k] = torch.get_num_threads()
+            self.forked[index, k] = int(_FORKED_FROM not in (None, os.getpid()))
         self._next += 1
         if index == self.fail_index:
             raise RuntimeError(f"checker: sample {index} makes this worker crash on purpose")
@@ -120,6 +127,33 @@ class RecordingDataset(torch.utils.data.Dataset):
                 (int(self.seq[i, k]), int(i), int(self.threads[i, k])))
         return ({pid: [(i, t) for _, i, t in sorted(v)] for pid, v in per_pid.items()},
                 self.count.numpy().copy())
+
+    def was_forked(self):
+        """Whether a process forked from the probe's read a sample (fork, not spawn)."""
+        return bool((self.forked == 1).any())
+
+
+class ChildCounter:
+    """Counts, from a thread of this process, how many child processes are alive at once
+    (``multiprocessing.active_children()``, polled): Hogwild's workers must run together."""
+
+    def __init__(self, every=0.005):
+        import threading
+        self.most, self.every, self._stop = 0, every, threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self):
+        while not self._stop.is_set():
+            self.most = max(self.most, len(multiprocessing.active_children()))
+            self._stop.wait(self.every)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
 
 
 def task_data():
@@ -160,28 +194,35 @@ def probe_hogwild(student, ctx, workers=3, crash_workers=2):
     model, data = _model(), RecordingDataset(x, y, EPOCHS)
     before = state_arrays(model)
     module.train_worker(1, workers, model, data, EPOCHS, BATCH, LR, SEED, threads)
-    out["serial"] = {"reads": data.reads(), "changed": _changed(before, model)}
+    out["serial"] = {"reads": data.reads(), "changed": _changed(before, model),
+                     "state": state_arrays(model)}
     from .checks import check_serial     # the checker's verdict on that run, here in the rank
     try:
         check_serial(out, workers)
     except AssertionError:
         return out          # the checker reports it; no need to start processes
     # 2. hogwild with `workers` processes
+    global _FORKED_FROM
+    _FORKED_FROM = os.getpid()
     model, data = _model(), RecordingDataset(x, y, EPOCHS)
     before, acc_before = state_arrays(model), _accuracy(model, x, y)
-    module.hogwild(model, data, workers, epochs=EPOCHS, batch_size=BATCH, lr=LR, seed=SEED,
-                   threads=threads)
+    with ChildCounter() as alive:
+        module.hogwild(model, data, workers, epochs=EPOCHS, batch_size=BATCH, lr=LR, seed=SEED,
+                       threads=threads)
     out["hogwild"] = {"reads": data.reads(), "changed": _changed(before, model),
-                      "accuracy": _accuracy(model, x, y), "accuracy_before": acc_before}
-    # 3. a worker crashes: hogwild must raise
+                      "accuracy": _accuracy(model, x, y), "accuracy_before": acc_before,
+                      "together": alive.most, "forked": data.was_forked()}
+    # 3. a worker crashes: hogwild must raise; threads=None: each worker its share of the cores
     second = int(shuffled_order(N_SAMPLES, True, SEED, 0)[1])
     crash = RecordingDataset(x, y, 1, fail_index=second)
     try:
         module.hogwild(_model(), crash, crash_workers, epochs=1, batch_size=BATCH, lr=LR,
-                       seed=SEED, threads=threads)
+                       seed=SEED)
         out["crash"] = None
     except Exception as exc:  # noqa: BLE001 - any exception reports the failure
         out["crash"] = f"{type(exc).__name__}: {exc}"
+    out["default_threads"] = {"reads": crash.reads()[0],
+                              "share": max(1, (os.cpu_count() or 1) // crash_workers)}
     return out
 
 

@@ -1,4 +1,8 @@
-"""Wrong: joins the workers but never looks at their exit codes: a crashed worker goes unnoticed."""
+"""Wrong: joins the workers but never looks at their exit codes: a crashed worker goes unnoticed.
+
+Violates: "raise RuntimeError (naming the rank and its exit code) if any worker's exit code is
+not 0."
+"""
 import os
 
 import torch

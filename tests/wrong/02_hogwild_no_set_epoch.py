@@ -1,4 +1,9 @@
-"""Wrong: never calls sampler.set_epoch(epoch): every epoch repeats epoch 0's order and partition."""
+"""Wrong: never calls sampler.set_epoch(epoch): every epoch repeats epoch 0's order and partition.
+
+Violates: "for each epoch in range(epochs): sampler.set_epoch(epoch), then one plain SGD step
+(torch.optim.SGD(model.parameters(), lr=lr), no momentum) per batch on
+F.cross_entropy(model(x), y)."
+"""
 import os
 
 import torch

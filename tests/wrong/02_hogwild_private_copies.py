@@ -1,5 +1,11 @@
 """Wrong: starts the workers with fork and never calls model.share_memory(): every worker
-trains its own copy-on-write copy, and the parent's model never changes."""
+trains its own copy-on-write copy, and the parent's model never changes.
+
+Violates: "model.share_memory(): the parameters move to shared memory, so that every worker
+updates the very same tensors as this process."
+Violates: "Update `model` itself, never a copy of it."
+Violates: "start one process per rank with the "spawn" context of torch.multiprocessing"
+"""
 import os
 
 import torch

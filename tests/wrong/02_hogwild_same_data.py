@@ -1,5 +1,11 @@
 """Wrong: every worker shuffles and trains on the whole dataset (no DistributedSampler), so
-the workers read the same samples and an epoch is num_workers passes over the data."""
+the workers read the same samples and an epoch is num_workers passes over the data.
+
+Violates: "Train `model` in place on this worker's partition of `dataset` (runs in each
+worker)."
+Violates: "sampler = DistributedSampler(dataset, num_replicas=num_workers, rank=rank,
+shuffle=True, seed=seed); loader = DataLoader(dataset, batch_size, sampler=sampler)."
+"""
 import os
 
 import torch

@@ -1,5 +1,9 @@
 """Wrong: with drop_last it shuffles only the samples it keeps, so the same last samples of the
-dataset are dropped in every epoch (DistributedSampler shuffles first, then cuts the tail)."""
+dataset are dropped in every epoch (DistributedSampler shuffles first, then cuts the tail).
+
+Violates: "With drop_last=True every replica gets dataset_len // num_replicas: cut the tail of
+the order."
+"""
 import math
 
 import torch

@@ -1,4 +1,8 @@
-"""Wrong: shuffles with the seed alone, ignoring the epoch: every epoch repeats the same order."""
+"""Wrong: shuffles with the seed alone, ignoring the epoch: every epoch repeats the same order.
+
+Violates: "order: if shuffle, torch.randperm(dataset_len, generator=g) with g a torch.Generator
+seeded with seed + epoch; otherwise 0, 1, ..., dataset_len - 1."
+"""
 import math
 
 import torch

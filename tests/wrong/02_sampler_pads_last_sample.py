@@ -1,4 +1,9 @@
-"""Wrong: pads by repeating the last sample of the order instead of the order from its start."""
+"""Wrong: pads by repeating the last sample of the order instead of the order from its start.
+
+Violates: "equal lengths: with drop_last=False every replica gets ceil(dataset_len /
+num_replicas) indices: extend the order by repeating it from its start (as many times as
+needed) up to that many times num_replicas."
+"""
 import math
 
 import torch
