@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEM = "03_torch_distributed_collectives"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 WRONG = ROOT / "tests" / "wrong"
+RIGHT = ROOT / "tests" / "right"
 CHECKERS = {"ring_allreduce": checks_ring.check_ring_allreduce,
             "partition": checks.check_partition,
             "average_gradients": checks.check_average_gradients,
@@ -37,15 +38,36 @@ EXPECTED = {
     "03_ring_allreduce_chunk_all_reduce": "rank 0 called dist.all_reduce inside ring_all_reduce",
     "03_ring_allreduce_blocking_send": "dist.send blocks until the peer has posted the matching "
                                        "receive",
+    "03_ring_allreduce_ignores_group": "group=dist.new_group([0]) (this rank's group), with 4 "
+                                       "ranks: dist.isend sent to rank 1: in a ring every rank "
+                                       "sends only to its right neighbour",
+    "03_ring_allreduce_group_ranks_as_dst": "dist.isend sent to rank 1: in a ring every rank sends "
+                                            "only to its right neighbour (rank + 1) % world_size, "
+                                            "here global rank 2 (with a group",
+    "03_ring_allreduce_swapped_neighbours": "with 3 ranks: dist.isend sent to rank",
     "03_partition_drop_remainder": "partition_sizes(11, [0.5, 0.5]) returned [5, 5]; expected [6, 5]",
     "03_partition_global_rng": "changed the global random state",
     "03_partition_not_shuffled": "is not shuffled",
+    "03_partition_sum_exactly_one": "partition_sizes(7, [0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, "
+                                    "0.1, 0.1]) returned [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]",
+    "03_partition_label_groups_last_larger": "contiguous groups, earlier groups one larger",
+    "03_partition_negative_fraction": "partition_sizes(10, [-0.5, 0.5, 1]) must raise ValueError",
     "03_average_gradients_plain_mean": "Your gradients are the plain average of the ranks' gradients",
     "03_average_gradients_world_size_divisor": "divided by world_size instead of by N",
     "03_average_gradients_first_only": "hold different gradients of decoder.bias",
+    "03_average_gradients_ignores_group": "averaged over all 3 ranks; it must average over the "
+                                          "ranks of `group` only",
+    "03_average_gradients_zero_fills_none": "(leave parameters whose grad is None alone)",
+    "03_average_gradients_assumes_equal_counts": "divided it by different numbers",
     "03_sync_batchnorm_local_stats": "Your output is plain BatchNorm on the local batch",
     "03_sync_batchnorm_biased_running_var": "the running variance must use the unbiased variance",
     "03_sync_batchnorm_plain_all_reduce": "the all_reduce must be differentiable",
+    "03_sync_batchnorm_ignores_group": "normalised with the statistics of all 3 ranks; with a "
+                                       "group they must span the batches of the group's ranks",
+    "03_sync_batchnorm_mean_of_means": "Your output is normalised with the unweighted average",
+    "03_sync_batchnorm_momentum_none_as_default": "in running_mean (running_mean after 2 steps, "
+                                                  "DistributedBatchNorm2d, 2 ranks, local batch "
+                                                  "sizes [1, 3], momentum=None",
 }
 
 
@@ -76,6 +98,18 @@ def test_checker_rejects_wrong_file(stem):
     with pytest.raises(AssertionError) as err:
         CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py", timeout=timeout)
     assert EXPECTED[stem] in str(err.value)
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in RIGHT.glob("03_*.py")))
+def test_checker_accepts_right_file(stem):
+    """Correct files written differently from the solution (tests/right/) must pass."""
+    CHECKERS[exercise_of(stem)](RIGHT / f"{stem}.py")
+
+
+def test_every_exercise_has_two_right_files():
+    per_checker = {name: sum(exercise_of(p.stem) == name for p in RIGHT.glob("03_*.py"))
+                   for name in CHECKERS}
+    assert min(per_checker.values()) >= 2, per_checker
 
 
 # ------------------------------------------------------------- ring: recording, benchmark

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEM = "04_resnet_cifar_data_parallel"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 WRONG = ROOT / "tests" / "wrong"
+RIGHT = ROOT / "tests" / "right"
 CHECKERS = {"rank_process": checks.check_rank_process, "train": checks.check_train}
 POINTS = 6
 
@@ -31,6 +32,16 @@ EXPECTED = {
                                     "[3, 2]",
     "04_train_ema_on_every_rank": "only the leader (rank 0) keeps the EMA model",
     "04_rank_process_no_finally": "when train raised, the process group was left initialized",
+    "04_rank_process_no_timeout": "the TCPStore has a timeout of 300 s; expected "
+                                  "config.timeout_s = 30 s",
+    "04_rank_process_no_barrier": "after train returned, rank_process called "
+                                  "dist.destroy_process_group(); expected dist.barrier()",
+    "04_rank_process_env_port": "the process group's store listens on port",
+    "04_train_no_broadcast": "parameters at the first training step must be rank 0's on every "
+                             "rank (the given code seeds every rank differently)",
+    "04_train_validates_raw_model": "rank 0 validated ['the trained model', 'the trained model']",
+    "04_train_ema_first_step": "rank 0 updated its EMA model after optimizer steps [1, 3] of 4; "
+                               "expected after steps [2, 4]",
 }
 
 
@@ -50,7 +61,11 @@ def test_solution_writes_the_trainer_file():
 def test_every_wrong_file_has_an_expected_message():
     stems = {p.stem for p in WRONG.glob("04_*.py")}
     assert stems == set(EXPECTED), "tests/wrong/04_* and EXPECTED must list the same files"
-    assert sum(exercise_of(s) == "train" for s in stems) >= 3
+    per_checker = {name: sum(exercise_of(s) == name for s in stems) for name in CHECKERS}
+    assert min(per_checker.values()) >= 2, per_checker
+    rights = {name: sum(exercise_of(p.stem) == name for p in RIGHT.glob("04_*.py"))
+              for name in CHECKERS}
+    assert min(rights.values()) >= 2, rights
 
 
 @pytest.mark.parametrize("stem", sorted(EXPECTED))
@@ -58,6 +73,12 @@ def test_checker_rejects_wrong_file(stem):
     with pytest.raises(AssertionError) as err:
         CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py")
     assert EXPECTED[stem] in str(err.value)
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in RIGHT.glob("04_*.py")))
+def test_checker_accepts_right_file(stem):
+    """Correct files written differently from the solution (tests/right/) must pass."""
+    CHECKERS[exercise_of(stem)](RIGHT / f"{stem}.py")
 
 
 def test_importing_the_checker_patches_nothing():

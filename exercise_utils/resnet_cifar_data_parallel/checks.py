@@ -24,7 +24,8 @@ HANG_HINT = ("\nA rank that runs more minibatches than the others waits forever 
 
 
 def check_rank_process(path, timeout=TIMEOUT):
-    """Check ``rank_process``: store, gloo group of 2, train called, group destroyed."""
+    """Check ``rank_process``: the store at the config's port with its timeout, a gloo group of
+    2 with the same timeout, train called, a barrier, the group destroyed (also after a raise)."""
     from ..launch import free_port
     res = run_ranks(path, probes.probe_rank_process, WORLD, "none",
                     kwargs=dict(config=CONFIG, ports=_two_ports(free_port)), timeout=timeout,
@@ -44,6 +45,7 @@ def check_rank_process(path, timeout=TIMEOUT):
             raise AssertionError(f"rank {rank}: inside train saw {wrong}; expected "
                                  f"{ {k: want[k] for k in wrong} } (a gloo group of "
                                  f"{WORLD} ranks on this CPU-only machine, device cpu)")
+        _check_rendezvous(rank, seen, got["port"])
         if got.get("value") != {"rank": rank, "ok": True}:
             raise AssertionError(f"rank {rank}: rank_process returned {got.get('value')!r}; "
                                  "it must return what train returned")
@@ -51,6 +53,14 @@ def check_rank_process(path, timeout=TIMEOUT):
             raise AssertionError(f"rank {rank}: the process group is still initialized after "
                                  "rank_process returned: call dist.destroy_process_group() "
                                  "(after a final dist.barrier())")
+        after = got["events"][got["events"].index("train returned") + 1:]
+        destroy = "dist.destroy_process_group()"
+        if "dist.barrier()" not in after[:after.index(destroy) if destroy in after else None]:
+            raise AssertionError(f"rank {rank}: after train returned, rank_process called "
+                                 f"{' then '.join(after) or 'nothing'}; expected dist.barrier() "
+                                 "and then dist.destroy_process_group(): the barrier makes every "
+                                 "rank finish its last collective before any rank tears the "
+                                 "group down")
         bad = out.get("raises", {})
         if "raised" not in bad or "train failed on purpose" not in bad["raised"]:
             raise AssertionError(f"rank {rank}: when train raises, rank_process must let the "
@@ -58,6 +68,24 @@ def check_rank_process(path, timeout=TIMEOUT):
         if bad["still_initialized"]:
             raise AssertionError(f"rank {rank}: when train raised, the process group was left "
                                  "initialized: destroy it in a `finally:` block")
+
+
+def _check_rendezvous(rank, seen, port):
+    """The store at the config's port; the store and the group with the config's timeout."""
+    want = CONFIG.timeout_s
+    if seen["port"] != port:
+        raise AssertionError(f"rank {rank}: the process group's store listens on port "
+                             f"{seen['port']}; expected config.master_port = {port}: create the "
+                             f"dist.TCPStore at config.master_addr, config.master_port")
+    for what, key, default in (("the TCPStore", "store_timeout", "5 minutes"),
+                               ("the process group", "group_timeout", "30 minutes for gloo")):
+        got = seen[key]
+        if got is not None and abs(got - want) > 0.5:
+            raise AssertionError(
+                f"rank {rank}: {what} has a timeout of {got:g} s; expected config.timeout_s = "
+                f"{want:g} s. Pass timeout=datetime.timedelta(seconds=config.timeout_s) to "
+                f"dist.TCPStore and to dist.init_process_group (their defaults: {default}; a "
+                f"rank waiting for a peer that never comes would block that long)")
 
 
 def _two_ports(free_port):
@@ -85,9 +113,10 @@ def check_train(path, timeout=TIMEOUT):
     _check_slices(res)
     for rank, out in enumerate(res[1:], start=1):
         assert_close(out["init"], res[0]["init"], "parameters at the first training step must "
-                     "be rank 0's on every rank: broadcast them (or use the same seed and the "
-                     "same whitening data on every rank)", rank, atol=0, rtol=0)
-    want = replay(res, CONFIG)
+                     "be rank 0's on every rank (the given code seeds every rank differently): "
+                     "broadcast rank 0's parameters and buffers after building the model",
+                     rank, atol=0, rtol=0)
+    want, want_ema = replay(res, CONFIG)
     for rank, out in enumerate(res):
         assert_close(out["final"], want, f"parameters after {len(res[0]['epochs'])} epochs must "
                      "equal single-process training on the combined batches (rank 0's minibatch "
@@ -95,7 +124,7 @@ def check_train(path, timeout=TIMEOUT):
                      f"{CONFIG.batch_size} examples per step). Too large or too small by "
                      f"a factor of {WORLD}? Check how the all-reduced gradients are scaled",
                      rank, atol=2e-5, rtol=2e-4)
-    _check_leader_only(res)
+    _check_leader_only(res, want_ema)
 
 
 def _waited(error):
@@ -141,7 +170,8 @@ def _check_slices(res):
 
 
 def replay(res, config):
-    """Single-process training on the combined minibatches the ranks recorded."""
+    """Single-process training on the combined minibatches the ranks recorded, with its EMA
+    updated after steps ``ema_every``, ``2 * ema_every``, ...; returns both models' parameters."""
     steps = len(res[0]["epochs"][0])
     init = {k: torch.from_numpy(v) for k, v in res[0]["init"].items()}
     model = ORIGINAL["ResNetBagOfTricks"](init["whiten.weight"], width=config.width,
@@ -151,6 +181,7 @@ def replay(res, config):
             p.copy_(init[name])
     opt, schedule = tricks.make_optimizer(model, config.batch_size, config.epochs * steps,
                                                 lr=config.lr, weight_decay=config.weight_decay)
+    ema, done = ORIGINAL["EMA"](model, config.ema_momentum), 0
     for epoch in range(len(res[0]["epochs"])):
         for step in range(steps):
             xb = torch.from_numpy(np.concatenate([o["epochs"][epoch][step][0] for o in res]))
@@ -160,23 +191,38 @@ def replay(res, config):
             loss.backward()
             opt.step()
             schedule.step()
-    return params(model)
+            done += 1
+            if done % config.ema_every == 0:
+                ema.update(model)
+    return params(model), params(ema.model)
 
 
-def _check_leader_only(res):
+def _check_leader_only(res, want_ema):
+    """Rank 0 alone built an EMA model, updated it after the right steps (its weights equal the
+    replay's EMA) and validated it, the EMA model, once per epoch."""
     steps = sum(len(e) for e in res[0]["epochs"])
-    want_updates = steps // CONFIG.ema_every
-    for rank, out in enumerate(res):
-        if rank == 0:
-            if out["ema_made"] != 1 or out["ema_updates"] != want_updates:
-                raise AssertionError(
-                    f"rank 0 built {out['ema_made']} EMA model(s) and updated it "
-                    f"{out['ema_updates']} times in {steps} steps; expected 1 model updated "
-                    f"every {CONFIG.ema_every} steps ({want_updates} updates)")
-            if out["evaluations"] != CONFIG.epochs:
-                raise AssertionError(f"rank 0 validated {out['evaluations']} times in "
-                                     f"{CONFIG.epochs} epochs; expected once per epoch")
-        elif out["ema_made"] or out["evaluations"]:
+    every = CONFIG.ema_every
+    want_steps = list(range(every, steps + 1, every))
+    for rank, out in enumerate(res[1:], start=1):
+        if out["ema_made"] or out["evaluated"]:
             raise AssertionError(f"rank {rank} built {out['ema_made']} EMA model(s) and "
-                                 f"validated {out['evaluations']} times: only the leader "
+                                 f"validated {len(out['evaluated'])} times: only the leader "
                                  "(rank 0) keeps the EMA model and validates")
+    out = res[0]
+    if out["ema_made"] != 1:
+        raise AssertionError(f"rank 0 built {out['ema_made']} EMA models; expected one, built "
+                             "once before training")
+    if out["ema_steps"] != want_steps:
+        raise AssertionError(
+            f"rank 0 updated its EMA model after optimizer steps {out['ema_steps']} of {steps}; "
+            f"expected after steps {want_steps}: every config.ema_every = {every} steps, counting "
+            f"steps from 1 and updating after opt.step() (step += 1 first, then "
+            f"if step % config.ema_every == 0)")
+    assert_close(out["ema"], want_ema, f"the EMA model's weights after {steps} steps must be "
+                 f"those of single-process training's EMA (T.EMA(model, config.ema_momentum) "
+                 f"built from the starting model, ema.update(model) after steps {want_steps})",
+                 0, atol=2e-5, rtol=2e-4)
+    if out["evaluated"] != ["the EMA model"] * CONFIG.epochs:
+        raise AssertionError(f"rank 0 validated {out['evaluated'] or 'nothing'} in "
+                             f"{CONFIG.epochs} epochs; expected the EMA model (ema.model) once "
+                             f"per epoch")

@@ -7,7 +7,9 @@ dtypes, different contents on every rank. It checks the numbers (exact for integ
 that the tensor is reduced in place and returned, and the structure of a ring: while
 the student's code runs, the probe (:func:`.probes_ring.probe_ring`) records every
 ``torch.distributed`` call, so each rank must send ``2 * (world_size - 1)`` messages of at
-most ``ceil(numel / world_size)`` elements, all to one neighbour, and call no collective.
+most ``ceil(numel / world_size)`` elements, only to its right neighbour (receiving only from
+its left one), and call no collective. With 4 ranks the ring also runs inside process groups
+(``group=``) whose sums must cover their own ranks only.
 
 Used in 03_torch_distributed_collectives.
 """
@@ -18,7 +20,8 @@ import numpy as np
 from ..harness import HANG_AFTER, run_ranks
 from ..integrity import VIOLATION
 from . import probes_ring
-from .probes_ring import P2P, SENDS, ring_cases, ring_input
+from .probes_ring import (GROUP_CASE0, GROUP_CASES, GROUPS, P2P, SENDS, group_of,
+                          ring_cases, ring_input)
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 WORLD_SIZES = (2, 3, 4)     # one launch each
@@ -34,6 +37,9 @@ RING_HINT = ("a ring all-reduce is a reduce-scatter (world_size - 1 steps, each 
 def check_ring_allreduce(path, timeout=TIMEOUT):
     """Check ``ring_all_reduce`` of ``path``: sums, in place, chunked ring messages only.
 
+    With 4 ranks it also runs the ring inside process groups (``group=``): rank 0 alone, and
+    ranks 1-3, whose sums must cover their own group only (:data:`.probes_ring.GROUPS`).
+
     Args:
         path: the student file (``work/03_ring_allreduce.py``).
         timeout: seconds per launch before the ranks are declared hung.
@@ -42,9 +48,11 @@ def check_ring_allreduce(path, timeout=TIMEOUT):
     """
     for size in WORLD_SIZES:
         cases = ring_cases(size)
+        group_cases = GROUP_CASES if size in GROUPS else []
         try:
-            res = run_ranks(path, probes_ring.probe_ring, size, "gloo", {"cases": cases},
-                            timeout, what=f"ring_all_reduce with {size} ranks")
+            res = run_ranks(path, probes_ring.probe_ring, size, "gloo",
+                            {"cases": cases, "group_cases": group_cases}, timeout,
+                            what=f"ring_all_reduce with {size} ranks")
         except AssertionError as err:
             if "hung" not in str(err) and "Timed out" not in str(err):
                 raise
@@ -52,14 +60,40 @@ def check_ring_allreduce(path, timeout=TIMEOUT):
         for i, (shape, dtype) in enumerate(cases):
             expected = sum(ring_input(shape, dtype, r, i).double() for r in range(size)).numpy()
             for rank, got in enumerate(res):
-                _check_values(got[i], expected, rank, size, shape, dtype)
+                _check_values(got[i], expected, rank, list(range(size)), shape, dtype)
         for i, (shape, _) in enumerate(cases):
             for rank, got in enumerate(res):
-                _check_structure(got[i]["calls"], rank, size, math.prod(shape))
+                _check_structure(got[i]["calls"], rank, list(range(size)), math.prod(shape))
+        for j, (shape, dtype) in enumerate(group_cases):
+            for rank, got in enumerate(res):
+                _check_group_case(got[len(cases) + j], rank, size, shape, dtype,
+                                  GROUP_CASE0 + j)
 
 
-def _check_values(got, expected, rank, size, shape, dtype):
-    case = f"a tensor of shape {tuple(shape)}, dtype {dtype}, with {size} ranks"
+def _check_group_case(got, rank, size, shape, dtype, case):
+    ring = group_of(rank, size)
+    _check_hidden(got["calls"], rank)
+    expected = sum(ring_input(shape, dtype, r, case).double() for r in ring).numpy()
+    _check_values(got, expected, rank, ring, shape, dtype, size)
+    _check_structure(got["calls"], rank, ring, math.prod(shape))
+
+
+def _where(ring, size=None):
+    if size is None or ring == list(range(size)):
+        return f"with {len(ring)} ranks"
+    return f"with group=dist.new_group({ring}) ({len(ring)} of {size} ranks)"
+
+
+def _neighbours(rank, ring):
+    """(right, left) neighbours of ``rank`` in ``ring`` (global ranks in group-rank order)."""
+    pos, n = ring.index(rank), len(ring)
+    return ring[(pos + 1) % n], ring[(pos - 1) % n]
+
+
+def _check_values(got, expected, rank, ring, shape, dtype, world=None):
+    size = len(ring)
+    case = f"a tensor of shape {tuple(shape)}, dtype {dtype}, {_where(ring, world)}"
+    over = "all ranks" if world is None else f"the ranks of its group {ring}"
     value = got["value"].astype(np.float64)
     if dtype.startswith("int"):
         bad = value != expected
@@ -78,7 +112,7 @@ def _check_values(got, expected, rank, size, shape, dtype):
     i = int(flat[0])
     msg = (f"rank {rank}: ring_all_reduce on {case} is wrong at {flat.size} of {numel} "
            f"elements (first at flat index {i}: got {value.flat[i]:g}, expected the sum over "
-           f"all ranks {expected.flat[i]:g}).")
+           f"{over} {expected.flat[i]:g}).")
     tail = numel - numel % size
     if numel % size and flat.min() >= tail:
         msg += (f" Only the last numel % world_size = {numel % size} elements are wrong: chunks "
@@ -88,10 +122,25 @@ def _check_values(got, expected, rank, size, shape, dtype):
     if sends != 2 * (size - 1) and numel >= size:
         msg += (f" Rank {rank} sent {sends} message{'s' * (sends != 1)}; a ring all-reduce sends "
                 f"2 * (world_size - 1) = {2 * (size - 1)}: {RING_HINT}.")
+    msg += _peer_hint(got["calls"], rank, ring)
     raise AssertionError(msg)
 
 
-def _check_structure(calls, rank, size, numel):
+def _peer_hint(calls, rank, ring):
+    """What is wrong with the ranks this rank sent to and received from ("" if nothing)."""
+    right, left = _neighbours(rank, ring)
+    to = sorted({peer for name, _, peer in calls if name in SENDS and peer is not None})
+    fro = sorted({peer for name, _, peer in calls if name not in SENDS and name in P2P
+                  and peer is not None})
+    if set(to) <= {right} and set(fro) <= {left}:
+        return ""
+    return (f" Rank {rank} sent to ranks {to} and received from ranks {fro}: in a ring every "
+            f"rank sends only to its right neighbour (rank + 1) % world_size (global rank "
+            f"{right}) and receives only from its left neighbour (rank - 1) % world_size "
+            f"(global rank {left}).")
+
+
+def _check_hidden(calls, rank):
     used = sorted({name for name, _, _ in calls if name not in P2P})
     hidden = [name for name in used if "." in name]
     if hidden:
@@ -103,24 +152,25 @@ def _check_structure(calls, rank, size, numel):
         raise AssertionError(
             f"rank {rank} called dist.{', dist.'.join(used)} inside ring_all_reduce: build it "
             f"only from dist.send / dist.recv (or isend / irecv), as {RING_HINT}.")
+
+
+def _check_structure(calls, rank, ring, numel):
+    _check_hidden(calls, rank)
+    size = len(ring)
+    where = f"on {size} ranks" if ring == list(range(size)) else f"in its group {ring}"
     sends = [(n, peer) for name, n, peer in calls if name in SENDS]
     limit = -(-numel // size)
     big = max((n for n, _ in sends), default=0)
     if big > limit:
         raise AssertionError(
-            f"rank {rank} sent a message of {big} elements for a tensor of {numel} elements on "
-            f"{size} ranks: a ring sends chunks of about numel/world_size = {limit} elements; "
+            f"rank {rank} sent a message of {big} elements for a tensor of {numel} elements "
+            f"{where}: a ring sends chunks of about numel/world_size = {limit} elements; "
             f"see reduce-scatter then all-gather: {RING_HINT}.")
     if len(sends) != 2 * (size - 1) and (numel >= size or len(sends) > 2 * (size - 1)):
         raise AssertionError(
             f"rank {rank} sent {len(sends)} message{'s' * (len(sends) != 1)} for a tensor of "
-            f"{numel} elements on {size} ranks; a ring all-reduce sends exactly "
+            f"{numel} elements {where}; a ring all-reduce sends exactly "
             f"2 * (world_size - 1) = {2 * (size - 1)} messages: {RING_HINT}.")
-    peers = sorted({peer for _, peer in sends if peer is not None})
-    neighbours = {(rank + 1) % size, (rank - 1) % size}
-    if len(peers) > 1 or not set(peers) <= neighbours:
-        raise AssertionError(
-            f"rank {rank} sent messages to ranks {peers} on {size} ranks: in a ring every rank "
-            f"sends only to its right neighbour (rank + 1) % world_size = {(rank + 1) % size} "
-            f"and receives only from its left neighbour (rank - 1) % world_size = "
-            f"{(rank - 1) % size}.")
+    hint = _peer_hint(calls, rank, ring)
+    if hint:
+        raise AssertionError(f"rank {rank}, a tensor of {numel} elements {where}:{hint}")

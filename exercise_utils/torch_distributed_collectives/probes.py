@@ -43,7 +43,7 @@ SIZE_CASES = [(10, [0.5, 0.5]), (11, [0.5, 0.5]), (10, [0.7, 0.3]), (7, [0.7, 0.
               (7, [0.2, 0.3, 0.5]), (10, [THIRD] * 3), (11, [THIRD] * 3), (2, [THIRD] * 3),
               (1, [0.5, 0.5]), (0, [0.5, 0.5]), (3, [0.25] * 4), (9, [0.1, 0.6, 0.3]),
               (100, [0.1] * 10), (10, [0.25, 0.25]), (9, [0.5, 0.25]), (13, [1.0]),
-              (13, [0.0, 1.0]), (50, [0.2, 0.3])]
+              (13, [0.0, 1.0]), (50, [0.2, 0.3]), (7, [0.1] * 10)]   # sum 0.9999999999999999
 BAD_CASES = [(10, [0.7, 0.4]), (10, [-0.5, 0.5, 1.0]), (10, [0.6, 0.6, -0.2])]
 PARTITIONER_CASES = [(60, [0.5, 0.5], 1234), (61, [0.7, 0.3], 1234), (60, [0.7, 0.3], 7),
                      (50, [0.2, 0.3, 0.5], 1234), (40, [0.25, 0.25], 3), (2, [THIRD] * 3, 5),
@@ -86,6 +86,10 @@ def probe_partition(student, ctx):
 # Local batch sizes per step and rank: unequal, one rank with a single sample.
 AVG_SPLITS = {2: [[7, 3], [2, 8], [5, 5]], 3: [[5, 1, 3], [1, 4, 4], [3, 3, 2]]}
 AVG_LR = 0.1
+# With 3 ranks, one more step inside two process groups (rank 0 alone; ranks 1 and 2), with
+# these local batch sizes: each group averages over its own ranks only.
+AVG_GROUPS = {3: [[0], [1, 2]]}
+AVG_GROUP_SPLIT = [4, 2, 5]
 
 
 def avg_model():
@@ -124,12 +128,27 @@ def rows(splits, rank):
     return lambda step: slice(sum(splits[step][:rank]), sum(splits[step][:rank + 1]))
 
 
+def _my_group(ctx, groups):
+    """Create every group of ``groups`` (all ranks must) and return the one ``ctx.rank`` is in."""
+    import torch.distributed as dist
+    made = [dist.new_group(g) for g in groups]
+    return next(grp for grp, g in zip(made, groups) if ctx.rank in g)
+
+
 def probe_average_gradients(student, ctx):
+    """SGD with unequal local batches; with 3 ranks also one step inside process groups."""
     model = avg_model()
     _seed_everything(1000 + ctx.rank)
     splits = AVG_SPLITS[ctx.size]
-    return avg_run(model, avg_batches(splits), rows(splits, ctx.rank),
-                    lambda n: student.average_gradients(model, n))
+    first, state = avg_run(model, avg_batches(splits), rows(splits, ctx.rank),
+                           lambda n: student.average_gradients(model, n))
+    out = {"grads": first, "state": state, "group_grads": None}
+    if ctx.size in AVG_GROUPS:
+        group, model = _my_group(ctx, AVG_GROUPS[ctx.size]), avg_model()
+        split = [AVG_GROUP_SPLIT]
+        out["group_grads"] = avg_run(model, avg_batches(split), rows(split, ctx.rank),
+                                     lambda n: student.average_gradients(model, n, group=group))[0]
+    return out
 
 
 # ---------------------------------------------------------------- SyncBatchNorm
@@ -137,16 +156,23 @@ BN_STEPS = 2
 BN_CASES = {2: [dict(channels=5, spatial=(), sizes=[6, 2], momentum=0.1),
                 dict(channels=3, spatial=(3, 4), sizes=[1, 3], momentum=None)],
             3: [dict(channels=4, spatial=(), sizes=[2, 7, 3], momentum=0.1),
-                dict(channels=3, spatial=(2, 3), sizes=[1, 4, 2], momentum=0.3)]}
+                dict(channels=3, spatial=(2, 3), sizes=[1, 4, 2], momentum=0.3),
+                dict(channels=3, spatial=(), sizes=[3, 2, 4], momentum=0.1, affine=False,
+                     track=False)]}
+# With 3 ranks, one more case inside two process groups (rank 0 alone; ranks 1 and 2).
+BN_GROUPS = {3: [[0], [1, 2]]}
+BN_GROUP_CASE = dict(channels=3, spatial=(), sizes=[3, 2, 4], momentum=None)
 
 
 def bn_layer(case):
     torch.manual_seed(0)
     cls = nn.BatchNorm2d if case["spatial"] else nn.BatchNorm1d
-    bn = cls(case["channels"], momentum=case["momentum"])
-    with torch.no_grad():
-        bn.weight.uniform_(0.5, 1.5)
-        bn.bias.normal_()
+    bn = cls(case["channels"], momentum=case["momentum"], affine=case.get("affine", True),
+             track_running_stats=case.get("track", True))
+    if bn.affine:
+        with torch.no_grad():
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.normal_()
     return bn
 
 
@@ -170,9 +196,10 @@ def bn_run(layer, steps, x_eval, part=slice(None)):
         (y * w[part]).sum().backward()
         out["y"].append(y.detach().numpy().copy())
         out["dx"].append(x.grad.numpy().copy())
-        out["dweight"].append(layer.weight.grad.numpy().copy())
-        out["dbias"].append(layer.bias.grad.numpy().copy())
-        layer.weight.grad = layer.bias.grad = None
+        if layer.affine:
+            out["dweight"].append(layer.weight.grad.numpy().copy())
+            out["dbias"].append(layer.bias.grad.numpy().copy())
+            layer.weight.grad = layer.bias.grad = None
     out["buffers"] = {k: v.numpy().copy() for k, v in layer.named_buffers()}
     layer.eval()
     with torch.no_grad():
@@ -181,9 +208,15 @@ def bn_run(layer, steps, x_eval, part=slice(None)):
 
 
 def probe_sync_batchnorm(student, ctx):
+    """Every case of ``BN_CASES``; with 3 ranks then ``BN_GROUP_CASE`` inside process groups."""
+    runs = [(case, None) for case in BN_CASES[ctx.size]]
+    if ctx.size in BN_GROUPS:
+        runs.append((BN_GROUP_CASE, _my_group(ctx, BN_GROUPS[ctx.size])))
     results = []
-    for case in BN_CASES[ctx.size]:
-        layer = student.convert_batchnorm(nn.Sequential(bn_layer(case)))[0]
+    for case, group in runs:
+        model = nn.Sequential(bn_layer(case))
+        layer = student.convert_batchnorm(model, group)[0] if group else \
+            student.convert_batchnorm(model)[0]
         _seed_everything(1000 + ctx.rank)
         steps, x_eval = bn_data(case)
         sizes = case["sizes"]

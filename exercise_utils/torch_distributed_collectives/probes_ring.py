@@ -1,8 +1,11 @@
 """What runs inside the gloo ranks of notebook 03's ring all-reduce check, and its inputs.
 
 :func:`probe_ring` runs the student's ``ring_all_reduce`` on every case of :func:`ring_cases`
-inside :func:`recording`, which wraps ``torch.distributed`` so that every message the ring
-sends (and any collective it calls) is logged. The wrappers are installed inside the probe
+(with 4 ranks then on :data:`GROUP_CASES` inside the process groups of :data:`GROUPS`) inside
+:func:`recording`, which wraps ``torch.distributed`` so that every message the ring sends (and
+any collective it calls) is logged, and a message to or from a rank other than the ring
+neighbour is stopped with a clear error before it is made (it would otherwise hang or crash
+the ring with a message that names no cause). The wrappers are installed inside the probe
 only, and removed when it returns: importing this module patches nothing. The verdict is
 :mod:`.checks_ring`.
 
@@ -23,6 +26,9 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
                "monitored_barrier", "send_object_list", "recv_object_list")
 
 
+GROUP_HINT = (" (with a group, rank and size are dist.get_rank(group) and "
+              "dist.get_world_size(group); send/recv take global ranks: translate group rank r "
+              "with dist.get_global_rank(group, r), and pass group=group)")
 CHUNK_HINT = (" (torch.tensor_split(tensor.view(-1), world_size) always returns world_size "
               "chunks, some empty when numel < world_size; torch.chunk may return fewer)")
 
@@ -31,6 +37,18 @@ def ring_cases(size):
     """The (shape, dtype) cases tried with ``size`` ranks, most telling first."""
     return [((1007,), "float32"), ((5, 7), "float64"), ((size - 1,), "int64"), ((1,), "float32"),
             ((4, 3, 5), "float32"), ((2 * size * 5,), "int64"), ((10007,), "int32")]
+
+
+# With 4 ranks the ring also runs inside process groups: rank 0 alone in one, ranks 1-3 (group
+# ranks 0-2) in the other; each group sums its own ranks' tensors only. Cases: (shape, dtype).
+GROUPS = {4: [[0], [1, 2, 3]]}
+GROUP_CASES = [((1007,), "float32"), ((2,), "int64")]
+GROUP_CASE0 = 100       # ring_input's case numbers of the group cases: 100, 101, ...
+
+
+def group_of(rank, size):
+    """The ranks of the group ``rank`` belongs to in the group cases (None: no group cases)."""
+    return next((g for g in GROUPS.get(size, []) if rank in g), None)
 
 
 def ring_input(shape, dtype, rank, case):
@@ -45,8 +63,8 @@ def ring_input(shape, dtype, rank, case):
 class _Recorded:
     """Stands for a ``torch.distributed`` function: logs each call, then makes it."""
 
-    def __init__(self, name, fn, log, paths):
-        self.name, self.fn, self.log, self.paths = name, fn, log, paths
+    def __init__(self, name, fn, log, paths, ring):
+        self.name, self.fn, self.log, self.paths, self.ring = name, fn, log, paths, ring
         self.__name__ = self.__qualname__ = name
         self.__doc__ = fn.__doc__
 
@@ -55,7 +73,11 @@ class _Recorded:
             tensor = args[0] if args else kwargs.get("tensor")
             key = "dst" if self.name in SENDS else "src"
             peer = args[1] if len(args) > 1 else kwargs.get(key)
+            if peer is None and kwargs.get(f"group_{key}") is not None:
+                peer = _global(args[2] if len(args) > 2 else kwargs.get("group"),
+                               kwargs[f"group_{key}"])
             self.log.append((self.name, int(tensor.numel()), peer))
+            _expect(self.name, peer, self.ring)
         else:
             self.log.append((self.name, None, None))
         with self.paths.sanctioned():
@@ -68,12 +90,38 @@ class _Recorded:
         return hash(self.fn)
 
 
-def _batch_recorder(batch_fn, originals, log, paths):
+def _global(group, group_rank):
+    """The global rank of ``group_rank`` of ``group`` (None: the default group)."""
+    import torch.distributed as dist
+    try:
+        return dist.get_global_rank(group or dist.group.WORLD, group_rank)
+    except (ValueError, RuntimeError):
+        return None
+
+
+def _expect(name, peer, ring):
+    """Stop a message to or from the wrong rank before it is made (it would hang or crash the
+    ring with a message that names no cause). ``ring``: the probe's ``{"right", "left"}``."""
+    want = ring.get("right" if name in SENDS else "left")
+    if want is None or peer is None or peer == want:
+        return
+    side = (f"sent to rank {peer}: in a ring every rank sends only to its right neighbour "
+            f"(rank + 1) % world_size" if name in SENDS else
+            f"received from rank {peer}: in a ring every rank receives only from its left "
+            f"neighbour (rank - 1) % world_size")
+    raise RuntimeError(f"dist.{name} {side}, here global rank {want}")
+
+
+def _batch_recorder(batch_fn, originals, log, paths, ring):
     def batch_isend_irecv(p2p_op_list):
         for op in p2p_op_list:
             fn = getattr(op.op, "fn", op.op)
             name = "isend" if fn is originals["isend"] else "irecv"
-            log.append((name, int(op.tensor.numel()), op.peer))
+            peer = op.peer
+            if peer is None and getattr(op, "group_peer", None) is not None:
+                peer = _global(op.group, op.group_peer)
+            log.append((name, int(op.tensor.numel()), peer))
+            _expect(name, peer, ring)
             op.op = fn
         with paths.sanctioned():
             return batch_fn(p2p_op_list)
@@ -81,7 +129,7 @@ def _batch_recorder(batch_fn, originals, log, paths):
 
 
 @contextmanager
-def recording(student=None):
+def recording(student=None, ring=None):
     """Record every communication call made through ``torch.distributed`` in a list.
 
     Patches the functions on the ``torch.distributed`` module, and names the student's
@@ -90,16 +138,23 @@ def recording(student=None):
     (:mod:`exercise_utils.pgwatch`: collectives under qualified names such as
     ``ProcessGroup.allreduce``).
 
+    Args:
+        student: the student's module (names it imported from ``torch.distributed``).
+        ring: a dict the caller keeps up to date with the global ranks this rank must send
+            to (``"right"``) and receive from (``"left"``); a message to or from another rank
+            raises ``RuntimeError`` before it is made. ``None``/empty: no such check.
     Yields:
-        list of ``(name, elements, peer)`` tuples (``elements``/``peer`` None for collectives).
+        list of ``(name, elements, peer)`` tuples (``elements``/``peer`` None for collectives;
+        ``peer`` a global rank).
     """
     import torch.distributed as dist
+    ring = {} if ring is None else ring
     log, names = [], [n for n in P2P + COLLECTIVES if hasattr(dist, n)]
     with pgwatch.watching(log) as paths:
         originals = {n: getattr(dist, n) for n in names + ["batch_isend_irecv"]}
-        wrapped = {n: _Recorded(n, originals[n], log, paths) for n in names}
+        wrapped = {n: _Recorded(n, originals[n], log, paths, ring) for n in names}
         wrapped["batch_isend_irecv"] = _batch_recorder(originals["batch_isend_irecv"],
-                                                       originals, log, paths)
+                                                       originals, log, paths, ring)
         by_id = {id(fn): wrapped[n] for n, fn in originals.items()}
         rebound = {k: v for k, v in vars(student).items() if id(v) in by_id} if student else {}
         try:
@@ -115,21 +170,38 @@ def recording(student=None):
                 setattr(student, k, v)
 
 
-def probe_ring(student, ctx, cases):
-    """Run ``ring_all_reduce`` on every case; return per case the result and the calls."""
-    results = []
-    with recording(student) as log:
-        for i, (shape, dtype) in enumerate(cases):
-            tensor = ring_input(shape, dtype, ctx.rank, i)
+def probe_ring(student, ctx, cases, group_cases=()):
+    """Run ``ring_all_reduce`` on every case; return per case the result and the calls.
+
+    ``group_cases`` (with 4 ranks) run after the others, each rank passing ``group=`` the
+    process group of :data:`GROUPS` it belongs to (created before the recording starts).
+    """
+    import torch.distributed as dist
+    groups = [dist.new_group(g) for g in GROUPS.get(ctx.size, [])] if group_cases else []
+    mine = next((grp for grp, g in zip(groups, GROUPS.get(ctx.size, [])) if ctx.rank in g), None)
+    runs = [(i, shape, dtype, None) for i, (shape, dtype) in enumerate(cases)]
+    runs += [(GROUP_CASE0 + i, shape, dtype, mine) for i, (shape, dtype) in enumerate(group_cases)]
+    results, ring = [], {}
+    with recording(student, ring) as log:
+        for case, shape, dtype, group in runs:
+            ranks = group_of(ctx.rank, ctx.size) if group is not None else list(range(ctx.size))
+            pos = ranks.index(ctx.rank)
+            ring.update(right=ranks[(pos + 1) % len(ranks)], left=ranks[pos - 1])
+            tensor = ring_input(shape, dtype, ctx.rank, case)
             ptr = tensor.data_ptr()
             del log[:]
             try:
-                out = student.ring_all_reduce(tensor)
+                out = (student.ring_all_reduce(tensor) if group is None
+                       else student.ring_all_reduce(tensor, group=group))
             except NotImplementedError:
                 raise
             except Exception as exc:    # keep type and traceback; say which case failed
                 where = f"ring_all_reduce on a tensor of shape {tuple(shape)}, dtype {dtype}, "
                 hint = CHUNK_HINT if isinstance(exc, IndexError) else ""
+                if group is not None:
+                    where += (f"group=dist.new_group({group_of(ctx.rank, ctx.size)}) (this rank's "
+                              f"group), ")
+                    hint += GROUP_HINT
                 exc.args = (f"{where}with {ctx.size} ranks: {exc}{hint}",)
                 raise
             results.append({"value": tensor.numpy().copy(), "same": out is tensor and

@@ -1,5 +1,9 @@
 """Wrong: the weighting is right, but a misplaced return leaves the loop after the first
-parameter, so the other gradients stay local (and the replicas drift apart)."""
+parameter, so the other gradients stay local (and the replicas drift apart).
+
+Violates: "On return every rank's ``p.grad`` holds ``sum_r (n_r / N) * g_r``, with ``N`` the
+total number of samples, itself obtained with an ``all_reduce``."
+"""
 import torch
 import torch.distributed as dist
 

@@ -1,5 +1,9 @@
 """Wrong: the plain average sum_r g_r / world_size, ignoring that ranks hold different numbers
-of samples (right only for equal partitions)."""
+of samples (right only for equal partitions).
+
+Violates: "On return every rank's ``p.grad`` holds ``sum_r (n_r / N) * g_r``, with ``N`` the
+total number of samples, itself obtained with an ``all_reduce``."
+"""
 import torch
 import torch.distributed as dist
 

@@ -1,5 +1,9 @@
 """Wrong: weights each rank's gradient by its sample count n_r, but divides the sum by the
-number of ranks instead of by the total number of samples N."""
+number of ranks instead of by the total number of samples N.
+
+Violates: "On return every rank's ``p.grad`` holds ``sum_r (n_r / N) * g_r``, with ``N`` the
+total number of samples, itself obtained with an ``all_reduce``."
+"""
 import torch
 import torch.distributed as dist
 

@@ -1,4 +1,10 @@
-"""Wrong: part sizes are int(f * n), as in the seed; the samples left over are silently dropped."""
+"""Wrong: part sizes are int(f * n), as in the seed; the samples left over are silently dropped.
+
+Violates: "the samples left over (fewer than ``len(fractions)``) are then given one each to the
+parts with the largest fractional parts ``f * n - floor(f * n)``, ties to the lower index, so
+the sizes add up to ``n``."
+Violates: "The parts are disjoint; they cover every index when the fractions sum to 1."
+"""
 import math
 import random
 

@@ -1,5 +1,10 @@
 """Wrong: same partition on every rank, but it reseeds the global random module (random.seed),
-which changes the random state of the rest of the training program."""
+which changes the random state of the rest of the training program.
+
+Violates: "The shuffle uses its own generator (e.g. ``random.Random(seed)`` or a
+``torch.Generator``) and leaves the global random state (``random``, ``numpy``, ``torch``)
+untouched, so every rank computes the same partitions whatever its global seed."
+"""
 import math
 import random
 

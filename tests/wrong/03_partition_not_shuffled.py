@@ -1,5 +1,9 @@
 """Wrong: no shuffle: the parts are consecutive index ranges (label-sorted data would give
-each rank only some classes)."""
+each rank only some classes).
+
+Violates: "part ``i`` holds the next ``partition_sizes(...)[i]`` indices of the shuffled
+``range(len(data))``."
+"""
 import math
 import random
 

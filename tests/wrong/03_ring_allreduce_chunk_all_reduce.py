@@ -1,5 +1,9 @@
 """Wrong: splits the tensor into chunks but reduces each chunk with dist.all_reduce
-instead of passing it around the ring with send/recv."""
+instead of passing it around the ring with send/recv.
+
+Violates: "Only ``dist.send``/``dist.recv``/``dist.isend``/``dist.irecv`` may communicate (no
+collective such as ``dist.all_reduce``)"
+"""
 import torch
 import torch.distributed as dist
 

@@ -1,5 +1,8 @@
 """Wrong: chunks of numel // world_size elements, so when the length does not divide by
-the world size the last numel % world_size elements are never reduced."""
+the world size the last numel % world_size elements are never reduced.
+
+Violates: "``tensor`` itself, holding the element-wise sum of every rank's input."
+"""
 import torch
 import torch.distributed as dist
 

@@ -1,6 +1,10 @@
 """Wrong: the ring of the official tutorial ("Writing Distributed Applications with
 PyTorch"): the whole tensor travels around the ring world_size - 1 times, so each rank
-sends (world_size - 1) * numel elements instead of about 2 * numel. The sums are right."""
+sends (world_size - 1) * numel elements instead of about 2 * numel. The sums are right.
+
+Violates: "Each rank sends ``2 * (world_size - 1)`` messages of about ``numel / world_size``
+elements"
+"""
 import torch
 import torch.distributed as dist
 

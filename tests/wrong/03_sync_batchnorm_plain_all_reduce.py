@@ -1,6 +1,11 @@
 """Wrong: the in-place dist.all_reduce instead of the differentiable one: the forward is right,
 but autograd does not see the collective (it treats the global sums as the local ones), so the
-other ranks' loss terms never reach this rank's input gradients."""
+other ranks' loss terms never reach this rank's input gradients.
+
+Violates: "from a differentiable ``torch.distributed.nn.functional.all_reduce`` (SUM) of the
+count, the sum and the sum of squares (one call can carry all three), so ``backward`` is right
+on every rank"
+"""
 import warnings
 
 import torch
@@ -20,17 +25,18 @@ class DistributedBatchNorm(nn.modules.batchnorm._BatchNorm):
     Args:
         num_features, eps, momentum, affine, track_running_stats: as in ``nn.BatchNorm1d``
             (``momentum=None``: cumulative average, factor ``1 / num_batches_tracked``).
-        group: the process group (``None``: the default group).
+        group: the process group (``None``: the default group); the statistics span the
+            batches of its ranks only.
     Training-mode forward (``training`` or no running statistics):
         mean and biased variance per channel over all ranks' samples (and positions),
-        from one ``torch.distributed.nn.functional.all_reduce`` (SUM) of the count, the
-        sum and the sum of squares, so ``backward`` is right on every rank; output
+        from a differentiable ``torch.distributed.nn.functional.all_reduce`` (SUM) of the
+        count, the sum and the sum of squares (one call can carry all three), so
+        ``backward`` is right on every rank; output
         ``(x - mean) / sqrt(var + eps) * weight + bias``. Local batch sizes may differ.
         When tracking, ``num_batches_tracked += 1`` and ``running_mean`` /
         ``running_var`` move towards the global mean and the *unbiased* global variance
         (``var * N / (N - 1)``, N the global count per channel), exactly as a single
-        ``nn.BatchNorm`` on the concatenated batch would. Without an initialised process
-        group the local batch is the whole batch.
+        ``nn.BatchNorm`` on the concatenated batch would.
     Eval mode (given): normalises with the running statistics.
     """
 

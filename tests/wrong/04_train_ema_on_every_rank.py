@@ -1,6 +1,8 @@
 """WRONG (notebook 04, train_ema_on_every_rank): every rank builds and updates its own EMA model (and validates), wasting memory and time on the non-leader ranks.
 
 Based on the solution with this one flaw; the checker must reject it.
+
+Violates: "the EMA model (used for validation): on the leader only (ema = None elsewhere)."
 """
 import datetime
 import time
@@ -62,8 +64,9 @@ def train(rank, world_size, config, device):
     # TODO 1: minibatch_size (this rank's share of the batch) and this rank's slice of the
     # training data, x_local and y_local. Every rank must get the same number of examples,
     # so that all ranks run the same number of minibatches per epoch (a rank with one extra
-    # minibatch waits forever in all_reduce). Check the counts across ranks (assert) and
-    # log, per rank, its data size and minibatches per epoch.
+    # minibatch waits forever in all_reduce). Tip: compare the counts across ranks (an
+    # assert turns that hang into a clear error) and log each rank's data size and
+    # minibatches per epoch.
     if batch_size % world_size:
         raise ValueError(f"batch size {batch_size} is not divisible by {world_size} ranks")
     minibatch_size = batch_size // world_size
@@ -78,12 +81,14 @@ def train(rank, world_size, config, device):
           f"{minibatch_size} per epoch", flush=True)
     steps_per_epoch = T.num_minibatches(len(x_local), minibatch_size)
 
-    torch.manual_seed(config.seed)
+    # Every rank draws its own random numbers (as real jobs do, so that e.g. dropout masks
+    # differ between ranks): the model built here starts different on every rank.
+    torch.manual_seed(config.seed + rank)
     whitening = T.patch_whitening(train_set.x[:config.whitening_examples])
     model = ResNetBagOfTricks(whitening, width=config.width, ghost_size=config.ghost_size)
     model = model.to(device)
 
-    # TODO 2: make every rank start from the same model (rank 0's).
+    # TODO 2: make every rank start from the same model: rank 0's parameters and buffers.
     for tensor in model.state_dict().values():
         dist.broadcast(tensor, src=0)
 
@@ -94,7 +99,7 @@ def train(rank, world_size, config, device):
 
     # TODO 3: the EMA model (used for validation): on the leader only (ema = None elsewhere).
     ema = T.EMA(model, config.ema_momentum)
-    test_set = runner.load_data(config, "test", verbose=False) if leader else None
+    test_set = runner.load_data(config, "test", verbose=False)
 
     generator = torch.Generator().manual_seed(config.seed * 1000 + rank)
     history, step = [], 0
@@ -121,7 +126,8 @@ def train(rank, world_size, config, device):
             step += 1
             loss_sum, seen = loss_sum + loss.item(), seen + len(yb)
 
-            # TODO 5: on the leader, update the EMA model every config.ema_every steps.
+            # TODO 5: on the leader, update the EMA model after every config.ema_every-th step
+            # (steps counted from 1: after steps ema_every, 2 * ema_every, ...).
             if ema is not None and step % config.ema_every == 0:
                 ema.update(model)
         runner.synchronize(device)
@@ -129,7 +135,7 @@ def train(rank, world_size, config, device):
 
         # TODO 6: on the leader only, validate the EMA model and log the epoch:
         # history.append(runner.epoch_record(epoch, seconds, loss_sum / seen, accuracy))
-        if leader:
+        if ema is not None:
             accuracy = T.evaluate(ema.model, test_set.x, test_set.y)
             history.append(runner.epoch_record(epoch, seconds, loss_sum / seen, accuracy))
     return runner.summary(rank, world_size, config, device, len(x_local), minibatch_size,

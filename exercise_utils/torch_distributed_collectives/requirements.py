@@ -1,0 +1,59 @@
+"""What notebook 03's exercises require, quoted from the notebook's text and docstrings.
+
+``REQUIREMENTS[exercise]`` lists the sentences a correct file must satisfy, word for word as
+the solution notebook states them. Every one has at least one wrong file in ``tests/wrong/``
+whose docstring quotes it and which the exercise's check rejects; every wrong file quotes one
+(``tests/test_requirements.py``). A requirement without a wrong file is either checked next
+time or deleted from the notebook.
+
+Used in 03_torch_distributed_collectives.
+"""
+REQUIREMENTS = {
+    "ring_allreduce": [
+        "``tensor`` itself, holding the element-wise sum of every rank's input.",
+        "Only ``dist.send``/``dist.recv``/``dist.isend``/``dist.irecv`` may communicate (no "
+        "collective such as ``dist.all_reduce``)",
+        "Each rank sends ``2 * (world_size - 1)`` messages of about ``numel / world_size`` "
+        "elements",
+        "Every rank sends only to its right neighbour ``(rank + 1) % world_size`` and receives "
+        "only from its left neighbour ``(rank - 1) % world_size``, one chunk per message",
+        "With gloo, ``dist.send`` blocks until the peer has posted the matching receive: if "
+        "every rank first sends and then receives, all of them wait forever.",
+        "Sum over the ranks of ``group`` only",
+        "``send``/``recv`` take global ranks: translate the group rank ``r`` with "
+        "``dist.get_global_rank(group, r)``",
+    ],
+    "partition": [
+        "the samples left over (fewer than ``len(fractions)``) are then given one each to the "
+        "parts with the largest fractional parts ``f * n - floor(f * n)``, ties to the lower "
+        "index, so the sizes add up to ``n``.",
+        "(a sum within 1e-9 of 1 counts as 1)",
+        "ValueError: a fraction is negative or the fractions sum to more than 1.",
+        "The shuffle uses its own generator (e.g. ``random.Random(seed)`` or a "
+        "``torch.Generator``) and leaves the global random state (``random``, ``numpy``, "
+        "``torch``) untouched, so every rank computes the same partitions whatever its global "
+        "seed.",
+        "part ``i`` holds the next ``partition_sizes(...)[i]`` indices of the shuffled "
+        "``range(len(data))``.",
+        "The parts are disjoint; they cover every index when the fractions sum to 1.",
+        "the sorted distinct labels are split into ``num_partitions`` contiguous groups as equal "
+        "as possible, the earlier groups one larger (like ``numpy.array_split``)",
+    ],
+    "average_gradients": [
+        "On return every rank's ``p.grad`` holds ``sum_r (n_r / N) * g_r``, with ``N`` the "
+        "total number of samples, itself obtained with an ``all_reduce``.",
+        "Parameters whose ``grad`` is ``None`` (frozen or unused) are skipped.",
+        "average over the ranks of ``group`` only.",
+    ],
+    "sync_batchnorm": [
+        "mean and biased variance per channel over all ranks' samples (and positions)",
+        "Local batch sizes may differ.",
+        "from a differentiable ``torch.distributed.nn.functional.all_reduce`` (SUM) of the "
+        "count, the sum and the sum of squares (one call can carry all three), so ``backward`` "
+        "is right on every rank",
+        "``running_mean`` / ``running_var`` move towards the global mean and the *unbiased* "
+        "global variance (``var * N / (N - 1)``, N the global count per channel)",
+        "(``momentum=None``: cumulative average, factor ``1 / num_batches_tracked``)",
+        "the statistics span the batches of its ranks only.",
+    ],
+}

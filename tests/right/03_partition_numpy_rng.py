@@ -1,0 +1,115 @@
+"""RIGHT (notebook 03, partition): the shuffle is a permutation from a private
+``numpy.random.default_rng(seed)``; the parts are cut where the cumulative sizes end; the
+samples left over are handed out one at a time to the largest remaining fractional part
+(``max`` returns the first of equal ones: ties to the lower index); ``label_partitions``
+computes each label's group from its position among the sorted labels.
+
+Written differently from the solution on purpose; the checker must accept it.
+"""
+import math
+import random
+
+import torch
+
+
+class Partition(torch.utils.data.Dataset):
+    """A view of ``data`` restricted to ``indices`` (given, not an exercise).
+
+    ``Partition(data, indices)[i]`` is ``data[indices[i]]``; ``len`` is ``len(indices)``.
+    """
+
+    def __init__(self, data, indices):
+        self.data, self.indices = data, list(indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        return self.data[self.indices[i]]
+
+
+def partition_sizes(n, fractions):
+    """Split ``n`` samples into parts of the given fractions.
+
+    Args:
+        n: number of samples (>= 0).
+        fractions: non-negative fractions summing to at most 1 (a sum within 1e-9 of 1
+            counts as 1).
+    Returns:
+        list[int]: ``floor(f * n)`` for every fraction ``f``; when the fractions sum to 1,
+        the samples left over (fewer than ``len(fractions)``) are then given one each to
+        the parts with the largest fractional parts ``f * n - floor(f * n)``, ties to the
+        lower index, so the sizes add up to ``n``. When they sum to less than 1 the rest
+        of the samples is left out.
+    Raises:
+        ValueError: a fraction is negative or the fractions sum to more than 1.
+    """
+    if any(f < 0 for f in fractions):
+        raise ValueError("a fraction is negative")
+    if sum(fractions) - 1 > 1e-9:
+        raise ValueError("the fractions sum to more than 1")
+    sizes = [int(math.floor(f * n)) for f in fractions]
+    if abs(sum(fractions) - 1) <= 1e-9:
+        rest = {i: f * n - s for i, (f, s) in enumerate(zip(fractions, sizes))}
+        for _ in range(n - sum(sizes)):
+            best = max(rest, key=rest.get)
+            sizes[best] += 1
+            del rest[best]
+    return sizes
+
+
+class DataPartitioner:
+    """Shuffle the indices of ``data`` once and cut them into parts of the given fractions.
+
+    Args:
+        data: a dataset (anything with ``len``).
+        sizes: the fractions of the parts, e.g. ``[0.5, 0.5]`` or ``[0.7, 0.3]``; the part
+            sizes are ``partition_sizes(len(data), sizes)``.
+        seed: seed of the shuffle. The shuffle uses its own generator (e.g.
+            ``random.Random(seed)`` or a ``torch.Generator``) and leaves the global random
+            state (``random``, ``numpy``, ``torch``) untouched, so every rank computes the
+            same partitions whatever its global seed.
+    Attributes:
+        partitions: list of lists of ``int`` indices; part ``i`` holds the next
+            ``partition_sizes(...)[i]`` indices of the shuffled ``range(len(data))``.
+            The parts are disjoint; they cover every index when the fractions sum to 1.
+    """
+
+    def __init__(self, data, sizes, seed=1234):
+        self.data = data
+        import numpy as np
+        shuffled = np.random.default_rng(seed).permutation(len(data))
+        ends = np.cumsum(partition_sizes(len(data), sizes))
+        starts = np.concatenate([[0], ends[:-1]]).astype(int)
+        self.partitions = [[int(i) for i in shuffled[a:b]] for a, b in zip(starts, ends)]
+
+    def use(self, i):
+        """Return part ``i`` as a :class:`Partition` of ``data``."""
+        return Partition(self.data, self.partitions[i])
+
+
+def label_partitions(labels, num_partitions):
+    """A non-IID partition: each part holds the samples of its own group of labels.
+
+    Args:
+        labels: the label of every sample (list or 1-D tensor of ints).
+        num_partitions: number of parts.
+    Returns:
+        list[list[int]]: the sorted distinct labels are split into ``num_partitions``
+        contiguous groups as equal as possible, the earlier groups one larger (like
+        ``numpy.array_split``); part ``r`` holds, in increasing order, the indices of the
+        samples whose label is in group ``r``. With 10 labels and 2 parts, part 0 holds
+        labels 0-4 and part 1 labels 5-9; with 3 parts: 0-3, 4-6, 7-9.
+    """
+    values = labels.tolist() if torch.is_tensor(labels) else list(labels)
+    distinct = sorted(set(values))
+    base, extra = divmod(len(distinct), num_partitions)
+    # the first `extra` groups have base + 1 labels, the others base
+    def group_of(position):
+        big = extra * (base + 1)
+        return position // (base + 1) if position < big else extra + (position - big) // base
+    where = {label: group_of(p) for p, label in enumerate(distinct)}
+    parts = [[] for _ in range(num_partitions)]
+    for i, label in enumerate(values):
+        parts[where[label]].append(i)
+    return parts
