@@ -34,7 +34,7 @@ STARTING = ("start", "init")   # phases that are never a hang: imports, forming 
 
 
 def start(folder, rank, student=None, period=PERIOD):
-    """Start beating into ``folder/beat<rank>.json``; return a function that sets the phase.
+    """Start beating into ``folder/beat<rank>.json``; return the :class:`Beat`.
 
     Args:
         folder: where the launcher's :class:`Watch` looks.
@@ -42,30 +42,47 @@ def start(folder, rank, student=None, period=PERIOD):
         student: the student's file, to report the innermost line of it.
         period: seconds between beats.
     Returns:
-        callable: ``phase(name)`` labels what the rank does now ("init", "import", "probe").
+        Beat: call it with a phase name ("init", "import", "probe") to label what the rank
+        does now; call its ``stop()`` before the process exits.
     """
-    import psutil
-    state = {"phase": "start"}
-    main = threading.main_thread().ident
-    target = Path(folder) / f"beat{rank}.json"
-    me = psutil.Process()
-    student = os.path.realpath(student) if student else None
+    return Beat(folder, rank, student, period)
 
-    def beat():
-        while True:
-            frames = sys._current_frames().get(main)
-            info = {"pid": os.getpid(), "t": time.time(), "phase": state["phase"],
-                    "cpu": _cpu(me), **_where(frames, student)}
-            tmp = target.with_suffix(f".{os.getpid()}.tmp")
+
+class Beat:
+    """The beating thread of one rank (see :func:`start`)."""
+
+    def __init__(self, folder, rank, student, period):
+        import psutil
+        self.phase, self.period, self.done = "start", period, threading.Event()
+        self.main = threading.main_thread().ident
+        self.target = Path(folder) / f"beat{rank}.json"
+        self.me = psutil.Process()
+        self.student = os.path.realpath(student) if student else None
+        self.thread = threading.Thread(target=self._run, name="dtfs-heartbeat", daemon=True)
+        self.thread.start()
+
+    def __call__(self, name):
+        self.phase = name
+
+    def stop(self):
+        """End the thread and wait for it: a daemon thread still running while the interpreter
+        shuts down can abort the process ("terminate called without an active exception")."""
+        self.done.set()
+        self.thread.join(timeout=5)
+
+    def _run(self):
+        while not self.done.is_set():
+            frames = sys._current_frames().get(self.main)
+            info = {"pid": os.getpid(), "t": time.time(), "phase": self.phase,
+                    "cpu": _cpu(self.me), **_where(frames, self.student)}
+            del frames
+            tmp = self.target.with_suffix(f".{os.getpid()}.tmp")
             try:
                 tmp.write_text(json.dumps(info))
-                os.replace(tmp, target)
+                os.replace(tmp, self.target)
             except OSError:
                 return          # the folder is gone: the launch is over
-            time.sleep(period)
-
-    threading.Thread(target=beat, name="dtfs-heartbeat", daemon=True).start()
-    return lambda name: state.__setitem__("phase", name)
+            self.done.wait(self.period)
 
 
 def _cpu(proc):
@@ -145,7 +162,7 @@ class Watch:
             elif s is None:
                 lines.append(f"rank {r}: never started (still importing on a busy machine?)")
             else:
-                lines += describe([dict(s, rank=r, still=time.monotonic() - s["moved"])], path)
+                lines += describe([dict(s, rank=r, still=s["t"] - s["moved"])], path)
         return lines
 
     def _state(self, rank, now):

@@ -138,6 +138,13 @@ def run_one(args):
     """
     rank = _rank()
     phase = heartbeat.start(args.out, rank, student=args.student)
+    try:
+        return _run_probe(args, rank, phase)
+    finally:
+        phase.stop()
+
+
+def _run_probe(args, rank, phase):
     secret = integrity.take_secret(args.out, rank)
     if secret is None:
         print(f"rank {rank}: no secret for this run in {args.out}", file=sys.stderr)

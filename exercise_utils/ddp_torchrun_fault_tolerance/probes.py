@@ -166,6 +166,7 @@ def worker_main(argv=None):
         runner.main(student.ddp_setup, student.Trainer, argv[4:])
     finally:
         _record_path(record_dir).write_text(json.dumps(log))
+        phase.stop()
 
 
 if __name__ == "__main__":
