@@ -38,9 +38,9 @@ EXPECTED = {
     "03_ring_allreduce_chunk_all_reduce": "rank 0 called dist.all_reduce inside ring_all_reduce",
     "03_ring_allreduce_blocking_send": "dist.send blocks until the peer has posted the matching "
                                        "receive",
-    # whichever group's rank trips first: rank 0 (group [0]) or one of group [1, 2, 3]
-    "03_ring_allreduce_ignores_group": "(this rank's group), with 4 ranks: dist.isend sent to "
-                                       "rank ",
+    # whichever rank trips first: rank 0 (group [0]) sending, or one of group [1, 2, 3]
+    # sending to or receiving from the wrong neighbour
+    "03_ring_allreduce_ignores_group": "(this rank's group), with 4 ranks: dist.",
     "03_ring_allreduce_group_ranks_as_dst": "dist.isend sent to rank 1: in a ring every rank sends "
                                             "only to its right neighbour (rank + 1) % world_size, "
                                             "here global rank 2 (with a group",
