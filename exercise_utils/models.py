@@ -5,7 +5,8 @@
   example, written correctly (``fc1 -> ReLU -> dropout -> fc2 -> log_softmax``;
   a seed report applied ``fc2`` twice and a ReLU before ``log_softmax``).
 - Toy models for checkers: :class:`TinyMLP`, :class:`FrozenTiedNet` (a frozen
-  parameter and weights tied between two layers), :class:`BNNet` (BatchNorm buffers).
+  parameter and weights tied between two layers), :class:`BNNet` (BatchNorm buffers),
+  :class:`BranchNet` (a layer the forward can skip: a trainable parameter without gradient).
 - :class:`GhostBatchNorm` (BatchNorm over consecutive ghost batches, frozen scale) and
   :class:`ResNetBagOfTricks` (David Page's fast CIFAR-10 ResNet), used in
   04_resnet_cifar_data_parallel.
@@ -104,6 +105,23 @@ class BNNet(nn.Module):
 
     def forward(self, x):
         return self.fc2(F.relu(self.bn(self.fc1(x))))
+
+
+class BranchNet(nn.Module):
+    """Linear -> tanh -> (+ branch) -> Linear, where the forward skips the branch layer while
+    ``use_branch`` is False: then ``branch.weight`` and ``branch.bias`` are trainable but get
+    no gradient in that step (an unused parameter, as with conditional layers)."""
+
+    def __init__(self, features=8, out_features=3):
+        super().__init__()
+        self.fc1 = nn.Linear(features, features)
+        self.branch = nn.Linear(features, features)
+        self.head = nn.Linear(features, out_features)
+        self.use_branch = True
+
+    def forward(self, x):
+        h = torch.tanh(self.fc1(x))
+        return self.head(h + self.branch(h) if self.use_branch else h)
 
 
 def small_cnn(batch_norm=False):

@@ -1,8 +1,9 @@
-"""Notebook 06 (build your own DDP): the five checkers against the known-wrong files and the
-blank file, a crash in one stage costing only its points, and the whole notebook autograded as
-the solution and as the blank release (which also proves that every checker accepts the
-solution, that the solution's training script runs under mpiexec and torchrun with 1 and 2
-ranks, and that the benchmark runs: its rows are checked here, not run twice).
+"""Notebook 06 (build your own DDP): the five checkers against the known-wrong files, the
+correct variants (tests/right/) and the blank file, a crash in one stage costing only its
+points, and the whole notebook autograded as the solution and as the blank release (which also
+proves that every checker accepts the solution, that the solution's training script runs under
+mpiexec and torchrun with 1 and 2 ranks, and that the benchmark runs: its rows are checked
+here, not run twice).
 
 The checkers keep their launches' results per file content, so the five checks of one file
 cost one launch per world size (2 and 3 ranks)."""
@@ -23,6 +24,7 @@ STEM = "06_build_your_own_ddp"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
 WRONG = ROOT / "tests" / "wrong"
+RIGHT = ROOT / "tests" / "right"
 POINTS = 10
 CHECKERS = {"api": checks.check_api, "naive": checks.check_naive,
             "flat": checks.check_flat, "overlap": checks_overlap.check_overlap,
@@ -38,6 +40,21 @@ EXPECTED = {
     "06_buckets_forward_order": "expected reverse registration order",
     "06_buckets_large_param_crash": "a parameter larger than the cap must get a bucket of its own",
     "06_buckets_no_sync_ignored": "a backward inside BucketDDP.no_sync() launched",
+    "06_buckets_unused_param_drifts": "returned normally: the replicas drifted apart",
+    "06_api_contiguous_blocks": "a contiguous block of the order per rank changes the steps",
+    "06_api_ignores_seed": "the shuffle must be drawn from `seed`",
+    "06_api_init_torchrun_only": "after init() this process is rank 0 of 1; the launcher "
+                                 "started it as rank",
+    "06_naive_requires_grad_filter": "skip every parameter whose grad is None",
+    "06_naive_zero_fills_none": "(frozen ones, grad None, skipped; a tied one once)",
+    "06_flat_requires_grad_filter": "skip every parameter whose grad is None",
+    "06_flat_zero_fills_none": "exactly one all_reduce of one flat buffer holding all 195",
+    "06_overlap_no_broadcast": "right after OverlapDDP(model) every rank must hold rank 0's",
+    "06_overlap_pending_not_cleared": "divide by world_size, and forget them",
+    "06_buckets_cap_decimal_mb": "bucket_cap_mb is in MiB",
+    "06_buckets_counter_not_reset": "made no all_reduce at all in step 1",
+    "06_buckets_no_sync_counts": "made no all_reduce at all in step 0 (the backward after one "
+                                 "inside no_sync())",
 }
 
 
@@ -68,6 +85,12 @@ def test_checker_rejects_wrong_file(stem):
     with pytest.raises(AssertionError) as err:
         CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py")
     assert EXPECTED[stem] in str(err.value)
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in RIGHT.glob("06_*.py")))
+def test_checker_accepts_right_file(stem):
+    """Correct files written differently from the solution (tests/right/) must pass."""
+    CHECKERS[exercise_of(stem)](RIGHT / f"{stem}.py")
 
 
 def test_blank_is_reported_as_not_implemented(blank_file):

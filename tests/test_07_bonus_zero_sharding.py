@@ -1,5 +1,5 @@
 """Notebook 07 (bonus: ZeRO-1 optimizer-state sharding): the three checkers against the
-known-wrong files and the blank release, a crash in one stage costing only its points, and the
+known-wrong files, the correct variants (tests/right/) and the blank release, a crash in one stage costing only its points, and the
 whole notebook autograded as the solution and as the blank release, with the rows of the
 benchmark it ran (``bench``, quick sizes) checked.
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exercise_utils.bonus_zero_sharding import bench, checks
+from exercise_utils.bonus_zero_sharding import bench, checks, checks_checkpoint
 from exercise_utils.notebook_files import extract_writefiles
 from grading import (assert_blank_not_implemented, assert_release_regions_in_function_bodies,
                      assert_wrong_files_listed, autograde_solution_and_blank)
@@ -21,8 +21,9 @@ SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
 POINTS = 8
 WRONG = ROOT / "tests" / "wrong"
+RIGHT = ROOT / "tests" / "right"
 CHECKERS = {"memory": checks.check_memory, "sharded": checks.check_sharded,
-            "checkpoint": checks.check_checkpoint}
+            "checkpoint": checks_checkpoint.check_checkpoint}
 
 # Each known-wrong file and a fragment of the message its checker must give.
 EXPECTED = {
@@ -31,7 +32,19 @@ EXPECTED = {
     "07_sharded_no_sync": "every rank must receive the updated parameters from their owners",
     "07_sharded_unbalanced": "unbalanced partition with 2 ranks",
     "07_sharded_group_defaults": "its hyper-parameters must be kept",
+    "07_sharded_not_an_optimizer": "ShardedOptimizer must be a torch.optim.Optimizer",
+    "07_sharded_scheduler_not_synced": "step() must copy the hyper-parameters of param_groups "
+                                       "to the local optimizer first",
     "07_checkpoint_local_indices": "map each rank's local indices to the global ones",
+    "07_memory_ignores_k": "bytes_per_device(2e+06, 8, stage=0, k=8) returned 3.2e+07 bytes",
+    "07_memory_no_value_error": "bytes_per_device(1000, 2, stage=4) must raise ValueError",
+    "07_sharded_unsorted_greedy": "partition_parameters([1, 1, 10], 2, loads=None) returned "
+                                  "[0, 1, 0]; expected [1, 1, 0]",
+    "07_sharded_loads_ignored": "partition a new group starting from the elements each rank "
+                                "already owns",
+    "07_sharded_zero_grad_own_shard": "reset the gradients of ALL parameters",
+    "07_checkpoint_hyperparameters_local_only": "into param_groups too",
+    "07_checkpoint_ignores_to": "rank 1 raised RuntimeError: no consolidated state on this rank",
 }
 
 
@@ -65,6 +78,12 @@ def test_checker_rejects_wrong_file(stem):
     assert EXPECTED[stem] in str(err.value)
 
 
+@pytest.mark.parametrize("stem", sorted(p.stem for p in RIGHT.glob("07_*.py")))
+def test_checker_accepts_right_file(stem):
+    """Correct files written differently from the solution (tests/right/) must pass."""
+    CHECKERS[exercise_of(stem)](RIGHT / f"{stem}.py")
+
+
 def test_blank_is_reported_as_not_implemented(blank_file):
     assert_blank_not_implemented(CHECKERS, blank_file)
 
@@ -78,7 +97,7 @@ def test_a_crashing_checkpoint_costs_only_its_own_points(tmp_path, solution_file
     path = tmp_path / "07_zero.py"
     path.write_text(text)
     with pytest.raises(AssertionError, match="rank . raised KeyError"):
-        checks.check_checkpoint(path)
+        checks_checkpoint.check_checkpoint(path)
     checks.check_sharded(path)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PENDING = {"06", "07"}   # no requirements.py yet (issue 15)
+PENDING = set()   # every notebook lists its requirements
 
 
 def numbers():

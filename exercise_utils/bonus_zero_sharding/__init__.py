@@ -3,7 +3,10 @@ that keeps optimizer state only for its rank's share of the parameters.
 
 Modules:
 
-* ``checks``: ``check_memory``, ``check_sharded`` and ``check_checkpoint``;
+* ``checks``: ``check_memory`` and ``check_sharded`` (and the launches they share);
+* ``checks_checkpoint``: ``check_checkpoint``;
+* ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
+  file in ``tests/wrong/``);
 * ``probes``: what runs inside the ranks those checks start;
 * ``bench``: optimizer state and memory per rank against AdamW and ``ZeroRedundancyOptimizer``.
 """

@@ -4,18 +4,21 @@
 compares the ZeRO paper's memory model for every stage with the checker's own formula,
 including the paper's 7.5B-parameter model on 64 devices (120, 31.4, 16.6, 1.9 GB).
 
-``check_sharded`` and ``check_checkpoint`` share one launch per world size (2 and 3 gloo
-ranks; see :mod:`.probes`), kept per file content. ``check_sharded``: after
-10 AdamW steps (weight decay 0.1; a group added with ``add_param_group`` before step 5, with
-its own learning rate and no weight decay) every rank's parameters equal the unsharded
-``torch.optim.AdamW``'s fed the same averaged gradients (tolerance 1e-6); the optimizer state,
-MEASURED in every ``torch.optim.Optimizer`` the sharded optimizer holds, covers each parameter
-on exactly one rank, and every rank's share of the state elements is within
-``BALANCE`` of 1/world_size; ``zero_grad`` clears every gradient. ``check_checkpoint``: the
-consolidated ``state_dict()`` equals the unsharded optimizer's (state and groups), and a fresh
-``ShardedOptimizer`` that loads the unsharded optimizer's state dict keeps only its shard and
-trains on exactly like the reference. When the combined launch fails (a crash or a hang),
-``check_sharded`` runs its stage alone, so a broken checkpoint costs only its own points.
+``check_sharded`` and ``check_checkpoint`` (in :mod:`.checks_checkpoint`) share one launch
+per world size (2 and 3 gloo ranks; see :mod:`.probes`), kept per file content
+(``stage_results``).
+``check_sharded``: after 10 AdamW steps (weight decay 0.1; a group added with
+``add_param_group`` before step 5, with its own learning rate and no weight decay) every rank's
+parameters equal the unsharded ``torch.optim.AdamW``'s fed the same averaged gradients
+(tolerance 1e-6); the optimizer state, MEASURED in every ``torch.optim.Optimizer`` the sharded
+optimizer holds, covers each parameter on exactly one rank, every rank's share of the state
+elements is within ``BALANCE`` of 1/world_size, and each parameter's state is on the rank
+``partition_parameters`` gives it (group after group, each from the loads before it; the
+function is also called on the cases ``probes.PARTITIONS``); ``zero_grad`` clears every
+gradient; a ``StepLR`` accepts the sharded optimizer (a ``torch.optim.Optimizer``) and its lr
+reaches the local optimizers: 5 steps under it equal AdamW's under the same scheduler. When the
+combined launch fails (a crash or a hang), ``check_sharded`` runs its stage alone, so a broken
+checkpoint costs only its own points.
 
 Used in 07_bonus_zero_sharding.
 """
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..harness import HANG_AFTER, assert_close, run_ranks
+from ..harness import HANG_AFTER, run_ranks
 from . import probes
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
@@ -105,7 +108,7 @@ def _launch(path, size, stages, timeout):
                      timeout, what=f"07_zero.py with {size} ranks")
 
 
-def _results(path, stage, timeout):
+def stage_results(path, stage, timeout):
     """Yield ``(size, per-rank results of stage)`` for 2 then 3 ranks (cached per content)."""
     path = Path(path)
     if not path.is_file():
@@ -145,6 +148,53 @@ def _results(path, stage, timeout):
 
 
 # ---------------------------------------------------------------- check_sharded
+def greedy(numels, world_size, loads=None):
+    """The partition the notebook asks for: largest first (ties: lower index), each to the
+    least-loaded rank (ties: lower rank), starting from ``loads``."""
+    loads, owners = list(loads or [0] * world_size), [0] * len(numels)
+    for i in sorted(range(len(numels)), key=lambda i: (-numels[i], i)):
+        owners[i] = min(range(world_size), key=lambda r: (loads[r], r))
+        loads[owners[i]] += numels[i]
+    return owners
+
+
+def _check_partition(got):
+    for (numels, size, loads), owners in zip(probes.PARTITIONS, got):
+        want = greedy(numels, size, loads)
+        if list(owners) != want:
+            raise AssertionError(
+                f"partition_parameters({numels}, {size}, loads={loads}) returned {owners}; "
+                f"expected {want}: take the parameters largest first (ties: the lower index "
+                f"first), give each to the rank with the fewest elements so far, counting "
+                f"`loads` (ties: the lower rank)")
+
+
+def _check_owners(held, size):
+    """The state of each parameter is on the rank the partition of each group in turn gives
+    (the head's group added with add_param_group, partitioned from the current loads)."""
+    numels, loads, want = probes.numels(), [0] * size, {}
+    for prefix in ("body.", "head."):
+        names = [n for n in numels if n.startswith(prefix)]
+        owners = greedy([numels[n] for n in names], size, loads)
+        want.update(zip(names, owners))
+        for n, r in zip(names, owners):
+            loads[r] += numels[n]
+    if held == want:
+        return
+    head = [n for n in numels if n.startswith("head.")]
+    fresh = dict(zip(head, greedy([numels[n] for n in head], size)))
+    if all(held[n] == want[n] for n in numels if n not in head) and \
+            all(held[n] == fresh[n] for n in head):
+        raise AssertionError(
+            f"with {size} ranks the group added with add_param_group ({head}) went to ranks "
+            f"{[held[n] for n in head]}, as if no rank owned anything yet; expected ranks "
+            f"{[want[n] for n in head]}: partition a new group starting from the elements each "
+            f"rank already owns (partition_parameters(..., loads=...))")
+    raise AssertionError(
+        f"with {size} ranks the optimizer state of each parameter is on ranks "
+        f"{[held[n] for n in numels]} (parameters {list(numels)}); expected {list(want.values())}"
+        f": the owners partition_parameters gives for the first group, then for the added one "
+        f"starting from the current loads")
 def _check_state(res, size):
     """Each parameter's state on exactly one rank; every rank's share about 1/size."""
     numels = probes.numels()
@@ -167,6 +217,12 @@ def _check_state(res, size):
             raise AssertionError(f"with {size} ranks no rank holds optimizer state for {name} "
                                  f"after {probes.STEPS} steps: every parameter must be owned (and "
                                  "updated) by exactly one rank")
+    _check_balance(res, size, numels)
+    _check_partition(res[0]["partitions"])
+    _check_owners({name: ranks[0] for name, ranks in holders.items()}, size)
+
+
+def _check_balance(res, size, numels):
     elements = [sum(out["state"].values()) for out in res]
     ideal = sum(elements) / size
     if max(elements) > (1 + BALANCE) * ideal or min(elements) < (1 - BALANCE) * ideal:
@@ -181,7 +237,7 @@ def check_sharded(path, timeout=TIMEOUT):
     """Check ``partition_parameters``, ``ShardedOptimizer.__init__``, ``step``, ``zero_grad``
     and ``add_param_group`` with 2 and 3 ranks (one launch each, shared with
     ``check_checkpoint``)."""
-    for size, res in _results(path, "sharded", timeout):
+    for size, res in stage_results(path, "sharded", timeout):
         for rank, out in enumerate(res):
             if out["stale_grads"]:
                 raise AssertionError(
@@ -214,64 +270,33 @@ def check_sharded(path, timeout=TIMEOUT):
                        f"must be kept" if head else
                        "Step the local optimizer over this rank's shard, then broadcast every "
                        "parameter from its owner"))
+        _check_scheduler(res, size)
 
 
-# ---------------------------------------------------------------- check_checkpoint
-def _same_value(a, b):
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.shape(a) == np.shape(b) and np.allclose(a, b, atol=ATOL, rtol=RTOL)
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
-    return a == b
-
-
-def _check_consolidated(got, want, size, to):
-    call = f"consolidate_state_dict(to={to}) then state_dict() on rank {to} with {size} ranks"
-    if got is None:
-        raise AssertionError(f"{call} returned None: rank {to} must hold the whole state")
-    if sorted(got.get("state", {})) != sorted(want["state"]):
-        raise AssertionError(
-            f"{call}: its 'state' has entries {sorted(got.get('state', {}))}; the unsharded "
-            f"AdamW's has {sorted(want['state'])} (one per parameter, numbered over all groups "
-            f"in order): map each rank's local indices to the global ones")
-    for index, state in want["state"].items():
-        mine = got["state"][index]
-        for key, value in state.items():
-            if key not in mine or not _same_value(mine[key], value):
-                raise AssertionError(
-                    f"{call}: state[{index}][{key!r}] differs from the unsharded AdamW's "
-                    f"(its parameter {index} of the groups in order): each global index must "
-                    f"hold the state of that parameter")
-    groups = got.get("param_groups", [])
-    if len(groups) != len(want["param_groups"]):
-        raise AssertionError(f"{call}: {len(groups)} param_groups; the unsharded AdamW has "
-                             f"{len(want['param_groups'])}")
-    for i, (mine, ref) in enumerate(zip(groups, want["param_groups"])):
-        for key, value in ref.items():
-            if key not in mine or not _same_value(mine[key], value):
-                raise AssertionError(
-                    f"{call}: param_groups[{i}][{key!r}] is {mine.get(key, 'missing')!r}, the "
-                    f"unsharded AdamW's {value!r}: every group with all its hyper-parameters "
-                    f"and the global indices of all its parameters")
-
-
-def check_checkpoint(path, timeout=TIMEOUT):
-    """Check ``consolidate_state_dict``, ``state_dict`` and ``load_state_dict`` (2 and 3
-    ranks; the same launches as ``check_sharded``)."""
-    for size, res in _results(path, "checkpoint", timeout):
-        to = res[0]["to"]
-        _check_consolidated(res[to]["consolidated"], res[to]["ref_state"], size, to)
-        numels = probes.numels()
-        held = [sorted(out["loaded_state"]) for out in res]
-        if any(len(h) == len(numels) for h in held) and size > 1:
-            raise AssertionError(f"after load_state_dict of the whole state with {size} ranks "
-                                 f"the ranks keep state for {[len(h) for h in held]} of "
-                                 f"{len(numels)} parameters: each must keep only its shard's")
-        for rank, out in enumerate(res):
-            assert_close(out["loaded_final"], out["ref_final"], f"a fresh ShardedOptimizer "
-                         f"(built with lr={10 * probes.LR:g}) that loaded the unsharded AdamW's "
-                         f"state_dict after {probes.STEPS} steps, then trained "
-                         f"{probes.MORE_STEPS} more steps with {size} ranks, must follow the "
-                         f"unsharded AdamW: load each "
-                         f"parameter's state (step counts included) and the groups' "
-                         f"hyper-parameters (lr={probes.LR:g})", rank, ATOL, RTOL)
+def _check_scheduler(res, size):
+    """StepLR accepts the sharded optimizer; its lr changes, and reaches the local optimizer."""
+    call = ("torch.optim.lr_scheduler.StepLR(ShardedOptimizer(..., lr={lr:g}), step_size="
+            "{step_size}, gamma={gamma})").format(lr=probes.LR, **probes.SCHED)
+    for rank, sched in enumerate(out["scheduler"] for out in res):
+        if "error" in sched:
+            raise AssertionError(
+                f"rank {rank}: {call} raised {sched['error']}. ShardedOptimizer must be a "
+                f"torch.optim.Optimizer (class ShardedOptimizer(torch.optim.Optimizer), with "
+                f"Optimizer.__init__ called) so that learning-rate schedulers work with it")
+        lrs, want = sched["lrs"], sched["ref_lrs"]
+        if np.shape(lrs) != np.shape(want) or not np.allclose(lrs, want, rtol=1e-12, atol=0):
+            raise AssertionError(
+                f"rank {rank}: with {call} the lr of ShardedOptimizer.param_groups after each "
+                f"scheduler step was {lrs}; AdamW's under the same scheduler: {want}. "
+                f"param_groups must be the full groups the scheduler edits")
+        diffs = {n: float(np.max(np.abs(sched["final"][n] - want)))
+                 for n, want in sched["ref"].items()
+                 if not np.allclose(sched["final"][n], want, atol=ATOL, rtol=RTOL)}
+        if diffs:
+            raise AssertionError(
+                f"rank {rank} differs by up to {max(diffs.values()):.1e} in {len(diffs)} of "
+                f"{len(sched['ref'])} parameters (e.g. {sorted(diffs)[:2]}) after "
+                f"{probes.SCHED_STEPS} steps under {call} with {size} ranks from AdamW under the "
+                f"same scheduler, although param_groups had the scheduler's lr {sched['lrs']}: "
+                f"step() must copy the hyper-parameters of param_groups to the local optimizer "
+                f"first (_sync_hyperparameters)")

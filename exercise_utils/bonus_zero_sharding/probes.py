@@ -8,7 +8,11 @@ model gets copies of them, so both optimizers see bitwise the same gradients. Af
 ``ADD_AT`` steps the head's parameters are added to both as a new group with their own
 learning rate and no weight decay (``add_param_group``). Measured on each rank: the elements of
 every tensor in the state of every ``torch.optim.Optimizer`` the sharded optimizer holds
-(``optim`` or any other attribute), per parameter.
+(``optim`` or any other attribute, and its own ``state``), per parameter; and what
+``partition_parameters`` returns for the cases ``PARTITIONS``. Then a learning-rate
+scheduler: a fresh copy of the model trains ``SCHED_STEPS`` steps with each optimizer under
+``torch.optim.lr_scheduler.StepLR(**SCHED)`` (the scheduler must accept the sharded optimizer,
+a ``torch.optim.Optimizer``, and its ``lr`` must reach the local optimizer).
 
 Stage "checkpoint" continues: ``consolidate_state_dict(to=size - 1)`` on every rank, then
 ``state_dict()`` on that rank (compared by the checker with the reference's); a fresh
@@ -28,15 +32,19 @@ import torch.nn.functional as F
 
 from ..rankworker import not_implemented
 
-WIDTH, BLOCKS, CLASSES = 16, 6, 6    # body: 6 x Linear(16, 16) + Tanh; head: Linear(16, 6)
+WIDTH, BLOCKS, CLASSES = 16, 5, 6    # body: 5 x Linear(16, 16) + Tanh; head: Linear(16, 6)
 LOCAL_BATCH = 8
 STEPS, ADD_AT, MORE_STEPS = 10, 5, 3  # steps; the head's group is added before step ADD_AT
 LR, WEIGHT_DECAY = 0.01, 0.1          # AdamW defaults given to both optimizers
 HEAD = {"lr": 0.02, "weight_decay": 0.0}   # the hyper-parameters of the added group
+SCHED, SCHED_STEPS = {"step_size": 2, "gamma": 0.5}, 5   # StepLR: lr halved every 2 steps
+PARTITIONS = [([1, 1, 10], 2, None), ([4, 4, 4, 4], 3, [0, 0, 5]),   # partition_parameters'
+              ([3, 5, 5, 2, 8], 2, [6, 0])]            # (numels, world_size, loads) cases
 
 
 class Net(nn.Module):
-    """The probe's model: parameter sizes that a size-balanced partition can split evenly."""
+    """The probe's model: parameter sizes that a size-balanced partition splits within 10%,
+    and where the head's group, added later, goes to the least-loaded ranks."""
 
     def __init__(self):
         super().__init__()
@@ -82,12 +90,14 @@ def measure_state(sharded, model):
     """{parameter name (or "<other>"): elements of the state tensors kept for it}: measured
     over every optimizer the sharded optimizer holds."""
     names = {id(p): n for n, p in model.named_parameters()}
+    own = [sharded] if isinstance(sharded, torch.optim.Optimizer) else []
     out = {}
-    for opt in optimizers(sharded):
+    for opt in optimizers(sharded) + own:
         for key, state in opt.state.items():
             name = names.get(id(key), "<other>")
             elems = sum(v.numel() for v in state.values() if isinstance(v, torch.Tensor))
-            out[name] = out.get(name, 0) + elems
+            if elems:
+                out[name] = out.get(name, 0) + elems
     return out
 
 
@@ -141,9 +151,36 @@ def train(student, ctx):
         stale_grads += [f"body.{n}" if step < ADD_AT else n for n, p in given.named_parameters()
                         if p.grad is not None and bool(p.grad.abs().sum() > 0)]
     result = {"init": init, "final": named(model), "ref": named(ref_model),
+              "partitions": [list(student.partition_parameters(list(n), w, loads and list(loads)))
+                             for n, w, loads in PARTITIONS],
               "state": measure_state(opt, model), "optimizers": len(optimizers(opt)),
               "stale_grads": sorted(set(stale_grads))}
     return result, (ref_model, ref, model, opt)
+
+
+def scheduled(student, ctx):
+    """SCHED_STEPS steps of both optimizers on a fresh model, each under a StepLR(**SCHED):
+    ``{"lrs", "ref_lrs"}`` (the groups' lr after each scheduler step), ``{"final", "ref"}``,
+    or ``{"error"}`` when the scheduler rejects the sharded optimizer."""
+    ref_model = make_model()
+    model = copy.deepcopy(ref_model)
+    ref = torch.optim.AdamW(ref_model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    opt = student.ShardedOptimizer(list(model.parameters()), torch.optim.AdamW, lr=LR,
+                                   weight_decay=WEIGHT_DECAY)
+    try:
+        sched = torch.optim.lr_scheduler.StepLR(opt, **SCHED)
+    except Exception as exc:  # noqa: BLE001 - reported by the checker (the same on every rank)
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref, **SCHED)
+    out = {"lrs": [], "ref_lrs": []}
+    for step in range(SCHED_STEPS):
+        _one_step(ctx, step, ref_model, ref, model, opt)
+        sched.step()
+        ref_sched.step()
+        opt.zero_grad()
+        out["lrs"].append([float(g["lr"]) for g in opt.param_groups])
+        out["ref_lrs"].append([float(g["lr"]) for g in ref.param_groups])
+    return {**out, "final": named(model), "ref": named(ref_model)}
 
 
 def checkpoint(student, ctx, objects):
@@ -175,6 +212,7 @@ def probe(student, ctx, stages, gloo_timeout):
     results = {}
     try:
         sharded, objects = train(student, ctx)
+        sharded["scheduler"] = scheduled(student, ctx)
     except NotImplementedError as exc:
         sharded, objects = not_implemented(student, exc), None
     results["sharded"] = sharded

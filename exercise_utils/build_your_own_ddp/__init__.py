@@ -3,9 +3,15 @@ overlapped with backward and bucketed, benchmarked against ``DistributedDataPara
 
 Modules:
 
-* ``checks``: ``check_api``, ``check_naive``, ``check_flat`` (and the shared launches);
+* ``checks``: ``check_api``, ``check_naive``, ``check_flat``;
 * ``checks_overlap``: ``check_overlap`` and ``check_buckets``;
-* ``probes``: what runs inside the ranks those checks start (the recorder, one probe a stage);
+* ``launches``: the launches the checks share (one per world size for every stage, kept per
+  file content), and the rejection of communication below the recorder;
+* ``probes``: what runs inside the ranks those checks start (one probe a stage);
+* ``recorder``: the recorder of every collective those probes see, including those that
+  reach the ProcessGroup below ``torch.distributed``'s functions (integrity violations);
+* ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
+  file in ``tests/wrong/``);
 * ``reference``: the models, batches and single-process replay probes and checks share;
 * ``bench``: the student's stages against torch DDP (a torchrun script), tables and plots.
 """

@@ -5,10 +5,8 @@
 (``allreduce_flat``) are here; ``check_overlap`` (``OverlapDDP``) and ``check_buckets``
 (``BucketDDP``) are in :mod:`.checks_overlap`. Every stage is probed in one launch per world
 size: 2 ranks started like torchrun starts them (``RANK``, ``WORLD_SIZE``) and 3 ranks under
-``mpiexec`` (``PMI_RANK``, ``PMI_SIZE``); see :mod:`.probes`. The results are kept per file content,
-so the five checks of an unchanged file cost two launches. When a launch fails (a crash or a
-hang), the stage it was in keeps that error and the other stages run again without it, so one
-broken stage costs only its own points.
+``mpiexec`` (``PMI_RANK``, ``PMI_SIZE``), kept per file content (:mod:`.launches`; what runs
+in the ranks: :mod:`.probes`).
 
 Numbers: after several SGD steps every rank's parameters equal single-process training on
 the combined batch (:func:`.reference.replay`; tolerance 2e-5 + 2e-4|x|),
@@ -19,106 +17,13 @@ backward and without blocking, the bucket packing and order, nothing inside ``no
 
 Used in 06_build_your_own_ddp.
 """
-import hashlib
-import re
-import tempfile
-from pathlib import Path
-
 import numpy as np
 
-from ..harness import HANG_AFTER, assert_close, run_ranks
-from . import probes
+from ..harness import assert_close
 from . import reference as ref
-
-TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
-
-
-GLOO_TIMEOUT = 20            # seconds a collective waits before gloo raises
-
-
-WORLDS = ((2, "none", "torchrun-style environment: RANK, WORLD_SIZE"),
-          (3, "mpi", "mpiexec: PMI_RANK, PMI_SIZE"))
-
+from .launches import TIMEOUT, raise_if_todo, stage_results
 
 ATOL, RTOL = 2e-5, 2e-4
-
-
-_CACHE = {}                  # (file digest, world size) -> launch outcome
-
-
-# ---------------------------------------------------------------- launching, caching
-def stage_results(path, stage, timeout):
-    """Yield ``(size, where, per-rank results of stage)`` for 2 then 3 ranks."""
-    path = Path(path)
-    if not path.is_file():
-        raise AssertionError(f"{path} does not exist: run the %%writefile cell that creates "
-                             "it first.")
-    digest, failed = hashlib.sha256(path.read_bytes()).hexdigest(), set()
-    for size, backend, where in WORLDS:
-        entry = _CACHE.setdefault((digest, size), {"results": {}, "errors": {}})
-        while stage not in entry["results"]:
-            if stage in entry["errors"]:
-                error = entry["errors"][stage]
-                if " hung: " in error:       # maybe a busy machine: try again next time
-                    del entry["errors"][stage]
-                raise AssertionError(error)
-            todo = [s for s in probes.STAGES if s not in entry["results"] and s not in
-                    entry["errors"] and (s == stage or s not in failed)]
-            results, errors = _launch(path, size, backend, todo, stage, timeout)
-            entry["results"].update(results)
-            entry["errors"].update(errors)
-        failed |= set(entry["errors"])       # a stage that failed with 2 ranks: not again
-        yield size, where, entry["results"][stage]
-
-
-def _launch(path, size, backend, stages, wanted, timeout):
-    """One launch probing ``stages``: ({stage: per-rank results}, {} ) or, when it failed,
-    ({}, {the stage that failed: message}) so that the other stages run again without it."""
-    with tempfile.TemporaryDirectory(prefix="dtfs-myddp-") as progress:
-        try:
-            res = run_ranks(path, probes.probe, size, backend,
-                            dict(stages=stages, progress=progress,
-                                 gloo_timeout=min(GLOO_TIMEOUT, timeout / 2)), timeout,
-                            what=f"06_myddp.py with {size} ranks")
-        except AssertionError as err:
-            where, note = _where_failed(progress, str(err), size)
-            failed = where.split(":")[0] if where.split(":")[0] in stages else wanted
-            return {}, {failed: f"{err}{note}{_context(where)}"}
-    return {s: [r[s] for r in res] for s in stages}, {}
-
-
-def _where_failed(folder, message, size):
-    """Where the launch failed: the stage of the rank that raised, unless its error is a
-    consequence of another rank's (a lost connection, a timeout, a hang): then the
-    earliest stage any rank was in, where the ranks' collectives began to differ."""
-    files = {r: Path(folder) / f"rank{r}" for r in range(size)}
-    done = {r: f.read_text() for r, f in files.items() if f.exists()}
-    match = re.match(r"rank (\d+) raised", message)
-    if match and int(match.group(1)) in done and not re.search(
-            r"Connection (reset|closed)|[Tt]imed out|Broken pipe|hung: ", message):
-        return done[int(match.group(1))], ""
-    order = [s.split(":")[0] for s in done.values() if s.split(":")[0] in probes.STAGES]
-    where = min(order, key=probes.STAGES.index) if order else "api"
-    return where, (f"\nRanks issued different collectives? When this happened the ranks were "
-                   f"in stages {[done.get(r, '?') for r in range(size)]} (rank 0, 1, ...): "
-                   "every rank must make the same collective calls, in the same order")
-
-
-def _context(where):
-    if where == "buckets:bn":
-        return (f"\n(while checking BucketDDP(BNNet(), bucket_cap_mb={ref.BUCKET_CAPS['bn']} "
-                f"/ 2**20), a {ref.BUCKET_CAPS['bn']}-byte cap: its fc1.weight has 640 bytes; a "
-                f"parameter larger than the cap must get a bucket of its own)")
-    return f"\n(while checking stage '{where.split(':')[0]}' of your file)"
-
-
-def raise_if_todo(res, path):
-    for out in res:
-        todo = (out.get("init") or {}).get("todo") or out.get("todo")
-        if todo:
-            raise AssertionError(f"not implemented yet: {todo} in {path} still raises "
-                                 f"NotImplementedError. Replace the `raise` line with your "
-                                 f"code, then run the %%writefile cell again.")
 
 
 # ---------------------------------------------------------------- numbers
@@ -165,6 +70,7 @@ def collective_events(events):
 def check_api(path, timeout=TIMEOUT):
     """Check ``init``, ``partition_dataset``, ``broadcast_parameters`` and
     ``DistributedOptimizer`` (2 ranks torchrun-style, 3 ranks under mpiexec)."""
+    batches = {}                 # world size -> the global batch of each step (seed 0)
     for size, where, res in stage_results(path, "api", timeout):
         raise_if_todo(res, path)
         for rank, out in enumerate(res):
@@ -178,6 +84,10 @@ def check_api(path, timeout=TIMEOUT):
                     f"gloo group: read the rank and size from the launcher's variables")
         _check_broadcast(res, size)
         _check_partition(res, size)
+        batches[size] = [sorted(i for out in res for i in out["batches"][k])
+                         for k in range(len(res[0]["batches"]))]
+        _check_same_steps(batches)
+        _check_seed(res)
         x, y, _ = ref.dataset()
         for strategy in ("naive", "flat"):
             runs = [out["train"][strategy] for out in res]
@@ -231,6 +141,32 @@ def _check_partition(res, size):
     order = [i for out in res for b in out["batches"] for i in b]
     if order == sorted(order):
         raise AssertionError(f"{call}: the examples come in their original order: shuffle")
+
+
+def _check_same_steps(steps):
+    """Step k trains on the same global batch with 2 ranks as with 3 (the same positions of
+    one shuffled order that depends only on the seed)."""
+    (first, want), (size, got) = min(steps.items()), max(steps.items())
+    for k, (a, b) in enumerate(zip(want, got)):
+        if a != b:
+            raise AssertionError(
+                f"partition_dataset(dataset of {ref.DATA_SIZE}, batch_size={ref.GLOBAL_BATCH}, "
+                f"seed=0): step {k} trained on the examples {a} with {first} ranks, but on {b} "
+                f"with {size} ranks. Step k must train on the examples at positions "
+                f"k * batch_size to (k + 1) * batch_size - 1 of one shuffled order that depends "
+                f"only on the seed, whatever the number of ranks (DistributedSampler: rank r "
+                f"takes the positions r, r + world_size, ...); a contiguous block of the order "
+                f"per rank changes the steps when ranks are added")
+
+
+def _check_seed(res):
+    for rank, out in enumerate(res):
+        if "train" in out and out["batches"] == out["train"]["naive"]["batches"]:
+            raise AssertionError(
+                f"rank {rank}: partition_dataset(dataset, batch_size={ref.GLOBAL_BATCH}, seed=0)"
+                f" and partition_dataset(..., seed=1) gave the same batches {out['batches'][:2]}"
+                f"...: the shuffle must be drawn from `seed` (DistributedSampler(..., seed=seed))"
+                f", another seed gives another order")
 
 
 def _check_log(runs, strategy):

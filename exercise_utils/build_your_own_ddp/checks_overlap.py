@@ -6,13 +6,18 @@ content). Besides the numbers (:func:`.checks.verify_numbers`), they check the s
 each step from the recorded events: one async all_reduce per parameter (overlap) or per
 bucket (buckets), started during backward as soon as its gradients are ready, waited for only
 in ``finish_gradient_synchronization``; the bucket packing (reverse registration order, the
-cap, frozen parameters skipped, a tied one once) and nothing inside ``no_sync()``.
+cap, frozen parameters skipped, a tied one once), nothing inside ``no_sync()``, and a
+``RuntimeError`` naming the trainable parameters that got no gradient in a step (a layer the
+forward skipped) from ``finish_gradient_synchronization`` (else the replicas drift apart).
 
 Used in 06_build_your_own_ddp.
 """
+import numpy as np
+
 from . import reference as ref
-from .checks import (TIMEOUT, collective_events, raise_if_todo, stage_results,
-                     verify_broadcast_at_start, verify_numbers)
+from .checks import collective_events, verify_broadcast_at_start, verify_numbers
+from .launches import TIMEOUT, raise_if_todo, stage_results
+
 
 def check_overlap(path, timeout=TIMEOUT):
     """Check ``OverlapDDP``: broadcast at construction, async all_reduce per parameter
@@ -28,8 +33,9 @@ def check_overlap(path, timeout=TIMEOUT):
                     _check_overlap_step(events, rank, n)
                 verify_numbers(run, ref.reference(name, runs[0], size), rank, size,
                                f"OverlapDDP training ({name} model)",
-                               "finish_gradient_synchronization must wait for every handle, "
-                               "then divide by world_size")
+                               "finish_gradient_synchronization must wait for every handle "
+                               "started in this backward, divide by world_size, and forget "
+                               "them (the next step starts afresh)")
 
 
 def _check_overlap_step(events, rank, n):
@@ -79,12 +85,45 @@ def check_buckets(path, timeout=TIMEOUT):
                                 f"{[c[1:3] for c in inside]}: no communication there, the "
                                 "gradients only accumulate (the next backward reduces them)")
                         events = events[cut:]
-                    _check_bucket_step(events, run["buckets"], sizes, rank)
+                    _check_bucket_step(events, run["buckets"], sizes, rank, step)
                 verify_numbers(run, ref.reference(name, runs[0], size, True), rank, size,
                                f"BucketDDP training ({name} model, first step accumulated "
                                "over two backward passes, one inside no_sync)",
                                "finish_gradient_synchronization must wait, divide by "
                                "world_size and copy each bucket back into the gradients")
+        _check_unused([out["unused"] for out in res], size)
+
+
+def _check_unused(runs, size):
+    """The step whose forward skipped a layer: finish_gradient_synchronization raised a
+    RuntimeError naming its parameters on every rank (else: did the replicas drift?)."""
+    names, step = list(ref.UNUSED), ref.UNUSED_AT
+    what = (f"BucketDDP(BranchNet(), bucket_cap_mb={ref.BUCKET_CAPS['branch']} / 2**20) with "
+            f"{size} ranks (buckets {ref.expected_buckets('branch')}): in step {step} the "
+            f"forward skipped the layer 'branch', so {names} got no gradient, and "
+            f"finish_gradient_synchronization() ")
+    if all(run["error"] is None for run in runs):
+        drift = max(float(np.max(np.abs(v - runs[0]["final"][k])))
+                    for run in runs for k, v in run["final"].items())
+        raise AssertionError(
+            what + "returned normally" + (f": the replicas drifted apart (by {drift:.1e}): the "
+                                          "bucket waiting for those gradients was never "
+                                          "reduced, its other gradients stayed local"
+                                          if drift > 0 else "")
+            + f". It must raise RuntimeError naming {names} (every trainable parameter that "
+            "got no gradient in that backward)")
+    for rank, run in enumerate(runs):
+        if run["error"] is None:
+            raise AssertionError(f"rank {rank}: {what}returned normally, while other ranks "
+                                 "raised: every rank must raise RuntimeError naming them")
+        at, kind, message, is_runtime = run["error"]
+        if at != step:
+            raise AssertionError(f"rank {rank}: BucketDDP(BranchNet()): finish_gradient_"
+                                 f"synchronization() raised {kind}: {message} in step {at}, "
+                                 "where every trainable parameter got its gradient")
+        if not is_runtime or any(name not in message for name in names):
+            raise AssertionError(f"rank {rank}: {what}raised {kind}: {message!r}; expected a "
+                                 f"RuntimeError whose message names {names}")
 
 
 def _check_packing(got, want, name, rank):
@@ -100,16 +139,29 @@ def _check_packing(got, want, name, rank):
                              "backward produces the gradients, so the first bucket fills first)")
     sizes = dict(ref.grad_params(name))
     over = [b for b in got if len(b) > 1 and 4 * sum(sizes[p] for p in b) > ref.BUCKET_CAPS[name]]
+    if got != want and got == ref.expected_buckets(name, ref.BUCKET_CAPS[name] / 2**20 * 1e6):
+        raise AssertionError(f"{what}; expected {want}: these are the buckets of a cap of "
+                             f"bucket_cap_mb * 10**6 bytes; bucket_cap_mb is in MiB, as in "
+                             f"DistributedDataParallel: the cap is bucket_cap_mb * 1024 * 1024 "
+                             f"bytes")
     if len(got) != len(want) or any(not b for b in got) or over:
         raise AssertionError(f"{what}; expected {want}: fill each bucket up to the cap, start a "
                              "new one when the next parameter would exceed it, no empty bucket")
 
 
-def _check_bucket_step(events, buckets, sizes, rank):
+def _check_bucket_step(events, buckets, sizes, rank, step):
     calls = [(i, e) for i, e in enumerate(events) if e[0] == "coll"]
     ready = {e[1]: i for i, e in enumerate(events) if e[0] == "ready"}
     done = sorted(range(len(buckets)), key=lambda b: max(ready.get(p, -1) for p in buckets[b]))
     numels = [sum(sizes[p] for p in buckets[b]) for b in done]
+    if not calls:
+        raise AssertionError(
+            f"rank {rank}: BucketDDP made no all_reduce at all in step {step} ("
+            + ("the backward after one inside no_sync()" if step == 0 else "after a complete "
+               "step") + f"), although every gradient arrived; expected one per bucket of "
+            f"{numels} elements. Each backward outside no_sync() counts every bucket's "
+            "gradients from zero: reset the counters in finish_gradient_synchronization, and "
+            "count nothing inside no_sync()")
     if [e[1] for _, e in calls] != ["all_reduce"] * len(buckets) or \
             [e[2] for _, e in calls] != numels:
         raise AssertionError(f"rank {rank}: BucketDDP made {[e[1:3] for _, e in calls]} in one "

@@ -1,13 +1,15 @@
-"""What runs inside the ranks of notebook 06's checks: the recorder and one probe per stage.
+"""What runs inside the ranks of notebook 06's checks: one probe per stage.
 
 :func:`probe` runs inside every rank started by :func:`exercise_utils.harness.run_ranks`
 (2 ranks with torchrun's variables ``RANK``/``WORLD_SIZE``, 3 ranks under ``mpiexec``). It
 joins the job with the student's ``init`` (or by itself when ``init`` is not written yet),
 replaces every ``torch.distributed`` collective by a recording wrapper (which collective,
-how many elements, ``async_op``, when its ``wait()`` came) and runs one probe per graded
-stage: ``api``, ``naive``, ``flat``, ``overlap``, ``buckets``. For the stages that
-broadcast (``api``, ``overlap``, ``buckets``) the models come seeded differently on every
-rank, so a missing broadcast shows; ``allreduce_naive`` / ``allreduce_flat`` get the same
+how many elements, ``async_op``, when its ``wait()`` came; collectives that reach the
+ProcessGroup below them are kept per stage as ``hidden``: :mod:`.recorder`) and runs one
+probe per graded stage: ``api``, ``naive``, ``flat``, ``overlap``, ``buckets`` (which ends
+with a layer skipped in one step: ``_train_unused``). For the stages that broadcast
+(``api``, ``overlap``, ``buckets``) the models come seeded differently on every rank, so a
+missing broadcast shows; ``allreduce_naive`` / ``allreduce_flat`` get the same
 start on every rank (they only average). The models, batches and the replay the checker
 compares with are in :mod:`.reference`.
 
@@ -23,75 +25,11 @@ import torch.nn.functional as F
 
 from ..models import TinyMLP
 from ..rankworker import not_implemented
-from .reference import (BUCKET_CAPS, DATA_SIZE, GLOBAL_BATCH, LR, MOMENTUM, STEPS, batch, dataset,
-                        grads_of, named_state, seeded_model)
+from .recorder import Recorder
+from .reference import (BUCKET_CAPS, DATA_SIZE, GLOBAL_BATCH, LR, MOMENTUM, STEPS, UNUSED_AT,
+                        batch, dataset, grads_of, named_state, seeded_model)
 
 STAGES = ("api", "naive", "flat", "overlap", "buckets")
-
-
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce", "reduce_scatter", "barrier",
-               "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce_coalesced",
-               "all_to_all", "scatter", "gather")
-
-
-# ---------------------------------------------------------------- recording collectives
-class _Work:
-    """Stands for the Work object of an async collective; records when ``wait()`` is called."""
-
-    def __init__(self, work, recorder, index):
-        self._work, self._recorder, self._index = work, recorder, index
-
-    def wait(self, *args, **kwargs):
-        self._recorder.mark("wait", self._index)
-        return self._work.wait(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
-
-
-class Recorder:
-    """Replaces the torch.distributed collectives (also names the student imported) by
-    recording wrappers; ``events`` lists ("coll", name, numel, async_op), ("wait", i) and
-    the probe's own marks in the order they happened."""
-
-    def __init__(self):
-        self.events, self.original, self.student = [], {}, None
-
-    def install(self, student):
-        self.student = student
-        for name in COLLECTIVES:
-            fn = getattr(dist, name, None)
-            if fn is not None:
-                self.original[name] = fn
-                self._replace(fn, self._wrap(name, fn))
-
-    def uninstall(self):
-        for name, fn in self.original.items():
-            self._replace(getattr(dist, name), fn)
-
-    def _replace(self, old, new):
-        for module in (dist, self.student):
-            for key, value in list(vars(module).items()):
-                if value is old:
-                    setattr(module, key, new)
-
-    def _wrap(self, name, fn):
-        def recorded(*args, **kwargs):
-            tensor = args[0] if args else kwargs.get("tensor")
-            numel = tensor.numel() if isinstance(tensor, torch.Tensor) else 0
-            async_op = kwargs.get("async_op", args[3] if len(args) > 3 else False)
-            index = len(self.events)
-            self.events.append(("coll", name, numel, bool(async_op)))
-            work = fn(*args, **kwargs)
-            return _Work(work, self, index) if work is not None else None
-        return recorded
-
-    def mark(self, *event):
-        self.events.append(event)
-
-    def take(self):
-        events, self.events = self.events, []
-        return events
 
 
 # ---------------------------------------------------------------- the probe
@@ -116,7 +54,7 @@ def probe(student, ctx, stages, progress, gloo_timeout):
         for stage in stages:
             _progress(progress, ctx.rank, stage)
             out = _try(student, lambda: PROBES[stage](student, ctx, rec, progress))
-            results.setdefault(stage, {}).update(out)
+            results.setdefault(stage, {}).update(out, hidden=rec.take_hidden())
     finally:
         rec.uninstall()
     _progress(progress, ctx.rank, "done")
@@ -164,7 +102,7 @@ def probe_api(student, ctx, rec, progress):
     out["per_rank"], out["batches"] = int(per_rank), [b[2].tolist() for b in loader]
     sizes = [len(b) for b in out["batches"]]
     fits = torch.tensor([float(sizes == [GLOBAL_BATCH // ctx.size] * (DATA_SIZE // GLOBAL_BATCH))])
-    rec.original["all_reduce"](fits, op=dist.ReduceOp.MIN)
+    rec.call("all_reduce", fits, op=dist.ReduceOp.MIN)
     if fits.item() < 1:         # no training on wrong batches: the checker reports them
         return out
     out["train"] = {s: _train_api(student, ctx, data, s) for s in ("naive", "flat")}
@@ -213,12 +151,13 @@ def _probe_reduce(function):
             model = seeded_model(name, 0)               # the same start on every rank
             init, steps, grads = named_state(model), [], None
             opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+            unused = torch.nn.Parameter(torch.zeros(3))     # trainable, never gets a gradient
             for step in range(STEPS):
                 opt.zero_grad(set_to_none=True)
                 x, y = batch(name, step, ctx.rank)
                 F.cross_entropy(model(x), y).backward()
                 rec.take()
-                getattr(student, function)(list(model.parameters()))
+                getattr(student, function)([unused] + list(model.parameters()))
                 steps.append(rec.take())
                 grads = grads or grads_of(model)
                 opt.step()
@@ -273,7 +212,30 @@ def probe_buckets(student, ctx, rec, progress):
         names = {id(p): n for n, p in ddp.module.named_parameters()}
         out[name]["buckets"] = [[b if isinstance(b, str) else names.get(id(b), repr(b))
                                  for b in bucket] for bucket in ddp.buckets]
+    _progress(progress, ctx.rank, "buckets:unused")
+    out["unused"] = _train_unused(student, ctx)
     return out
+
+
+def _train_unused(student, ctx):
+    """BucketDDP(BranchNet), the branch skipped in step UNUSED_AT (its parameters get no
+    gradient): ``{"error": [step, type, message, is RuntimeError] or None, "final": state}``,
+    the error being what finish_gradient_synchronization raised (training stops there)."""
+    model = seeded_model("branch", 100 + ctx.rank)
+    ddp = student.BucketDDP(model, bucket_cap_mb=BUCKET_CAPS["branch"] / 2 ** 20)
+    opt, error = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM), None
+    for step in range(UNUSED_AT + 1):
+        opt.zero_grad(set_to_none=True)
+        model.use_branch = step != UNUSED_AT
+        x, y = batch("branch", step, ctx.rank)
+        F.cross_entropy(ddp(x), y).backward()
+        try:
+            ddp.finish_gradient_synchronization()
+        except Exception as exc:  # noqa: BLE001 - reported by the checker
+            error = [step, type(exc).__name__, str(exc), isinstance(exc, RuntimeError)]
+            break
+        opt.step()
+    return {"error": error, "final": named_state(model)}
 
 
 PROBES = {"api": probe_api, "naive": _probe_reduce("allreduce_naive"),

@@ -4,7 +4,9 @@ student's code, and what single-process training on them gives.
 Shared by the probe side (:mod:`.probes`, inside the ranks) and the checker side
 (:mod:`.checks`, :mod:`.checks_overlap`). The models have a frozen parameter and a tied
 weight (:class:`~exercise_utils.models.FrozenTiedNet`) or BatchNorm buffers
-(:class:`~exercise_utils.models.BNNet`). :func:`replay` is the reference: single-process SGD
+(:class:`~exercise_utils.models.BNNet`); ``"branch"`` (:class:`~exercise_utils.models.BranchNet`)
+has a layer the forward skips in step ``UNUSED_AT``, its parameters ``UNUSED`` then getting no
+gradient (BucketDDP must raise). :func:`replay` is the reference: single-process SGD
 on the combined batch, BatchNorm statistics per rank's sub-batch (as data parallelism without
 SyncBatchNorm computes them), so each rank's running statistics are its own.
 
@@ -13,22 +15,28 @@ Used in 06_build_your_own_ddp.
 import torch
 import torch.nn.functional as F
 
-from ..models import BNNet, FrozenTiedNet
+from ..models import BNNet, BranchNet, FrozenTiedNet
 
-IN_FEATURES = {"tied": 12, "bn": 10}
+IN_FEATURES = {"tied": 12, "bn": 10, "branch": 8}
 
 
 LOCAL_BATCH, STEPS, LR, MOMENTUM = 4, 3, 0.1, 0.9
 
 
-BUCKET_CAPS = {"tied": 600, "bn": 300}  # bytes: "bn" has fc1.weight (640 bytes) above its cap
+BUCKET_CAPS = {"tied": 600,             # bytes: [head.*, decoder.bias] and [encoder.weight]
+               "bn": 280,               # fc1.weight (640 bytes) above the cap; 10**6-byte
+                                        # "MB" would split [fc2.*, bn.bias] (268 bytes)
+               "branch": 400}           # [head.*, branch.*] and [fc1.*]
+
+
+UNUSED_AT, UNUSED = 1, ("branch.weight", "branch.bias")   # skipped in step 1 (of 0, 1)
 
 
 DATA_SIZE, GLOBAL_BATCH = 50, 12         # partition_dataset: 4 steps with 2 ranks and with 3
 
 
 def make_model(name):
-    return FrozenTiedNet() if name == "tied" else BNNet()
+    return {"tied": FrozenTiedNet, "bn": BNNet, "branch": BranchNet}[name]()
 
 
 def seeded_model(name, seed):
@@ -105,9 +113,10 @@ def grad_params(name):
     return [(n, p.numel()) for n, p in make_model(name).named_parameters() if p.requires_grad]
 
 
-def expected_buckets(name):
-    """BucketDDP's buckets (names) for the model ``name`` and its cap in BUCKET_CAPS."""
-    cap, buckets, used = BUCKET_CAPS[name], [], 0
+def expected_buckets(name, cap=None):
+    """BucketDDP's buckets (names) for the model ``name`` and its cap in BUCKET_CAPS (or
+    ``cap`` bytes)."""
+    cap, buckets, used = cap or BUCKET_CAPS[name], [], 0
     for pname, numel in reversed(grad_params(name)):
         if buckets and used + 4 * numel <= cap:
             buckets[-1].append(pname)

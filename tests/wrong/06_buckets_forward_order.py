@@ -1,5 +1,9 @@
 """WRONG (notebook 06, buckets_forward_order): BucketDDP packs the parameters into buckets in registration (forward) order instead of reverse order. Backward produces the last layer's gradients first, so the first bucket (the first layers) is the last to fill: its all-reduce waits for the end of backward.
 
+Violates: "take the parameters that require a gradient (frozen ones are skipped; a tied
+parameter appears once, ``named_parameters`` already deduplicates) in REVERSE registration
+order, the order backward produces their gradients"
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import contextlib
@@ -252,15 +256,22 @@ class BucketDDP(nn.Module):
 
     ``no_sync()``: a context manager; a backward inside it launches no communication at all
     (gradients just accumulate locally in ``p.grad``); the next backward outside it reduces
-    the accumulated gradients. Every trainable parameter must receive a gradient in every
-    backward (like DDP without ``find_unused_parameters``).
+    the accumulated gradients.
+
+    Unused parameters: a bucket is reduced only when ALL its gradients have arrived, so every
+    trainable parameter must receive a gradient in every backward outside ``no_sync()`` (as
+    in DDP without ``find_unused_parameters``). If some did not (a layer the forward
+    skipped), ``finish_gradient_synchronization()`` raises ``RuntimeError`` naming every
+    trainable parameter that got no gradient in that backward, before an optimizer step
+    could let the replicas drift apart.
     """
 
     def __init__(self, module, bucket_cap_mb=25):
         super().__init__()
         self.module = module
         # TODO: broadcast; self.buckets (names, reverse order, greedy up to the cap);
-        #       per-bucket ready counters; a hook on every trainable parameter.
+        #       per-bucket ready counters; the set of parameters whose gradient arrived;
+        #       a hook on every trainable parameter.
         broadcast_parameters(module)
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         cap = bucket_cap_mb * 1024 * 1024
@@ -278,6 +289,7 @@ class BucketDDP(nn.Module):
         self._bucket_params = [[by_name[name] for name in bucket] for bucket in self.buckets]
         self._bucket_of = {id(p): i for i, ps in enumerate(self._bucket_params) for p in ps}
         self._ready = [0] * len(self.buckets)
+        self._arrived = set()                # ids of the parameters whose gradient arrived
         self._pending = []
         self._sync = True
         for _, p in named:
@@ -285,10 +297,11 @@ class BucketDDP(nn.Module):
 
     def _on_grad_ready(self, param):
         """Hook: count ``param``'s gradient; start its bucket's all-reduce when complete."""
-        # TODO: unless inside no_sync: count param in its bucket; when the bucket is
-        #       complete, flatten its gradients and start an async all_reduce of the buffer.
+        # TODO: unless inside no_sync: note that param arrived; count it in its bucket; when
+        #       the bucket is complete, flatten its gradients and start an async all_reduce.
         if not self._sync:
             return
+        self._arrived.add(id(param))
         i = self._bucket_of[id(param)]
         self._ready[i] += 1
         if self._ready[i] == len(self._bucket_params[i]):
@@ -299,8 +312,16 @@ class BucketDDP(nn.Module):
         return self.module(*args, **kwargs)
 
     def finish_gradient_synchronization(self):
-        """Wait for every bucket's all-reduce; divide; copy back into the gradients."""
-        # TODO: wait for each bucket, divide, unflatten into the p.grad; reset the counters.
+        """Wait for every bucket's all-reduce; divide; copy back into the gradients.
+
+        Raises:
+            RuntimeError: some gradients arrived since the last call, but not those of every
+                trainable parameter; the message names the missing ones (as in
+                ``module.named_parameters()``). The counters are reset first, so the next
+                backward starts afresh.
+        """
+        # TODO: wait for each bucket, divide, unflatten into the p.grad; reset the counters;
+        #       then raise RuntimeError if some but not all parameters' gradients arrived.
         world_size = dist.get_world_size()
         for i, flat, work in self._pending:
             work.wait()
@@ -310,6 +331,15 @@ class BucketDDP(nn.Module):
                 grad.copy_(synced)
         self._pending.clear()
         self._ready = [0] * len(self.buckets)
+        arrived, self._arrived = self._arrived, set()
+        missing = [name for names, params in zip(self.buckets, self._bucket_params)
+                   for name, p in zip(names, params) if id(p) not in arrived]
+        if arrived and missing:
+            raise RuntimeError(
+                f"BucketDDP: the trainable parameters {missing} got no gradient in this "
+                "backward, so their buckets were never all-reduced and the replicas would "
+                "drift apart. Freeze them (p.requires_grad_(False)) before wrapping the model, "
+                "or use them in every forward")
 
     @contextlib.contextmanager
     def no_sync(self):

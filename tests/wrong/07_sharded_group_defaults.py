@@ -1,5 +1,7 @@
 """WRONG (notebook 07, sharded_group_defaults): add_param_group hands the local optimizer only the group's parameters, dropping its hyper-parameters: a group added with its own lr and weight_decay trains with the defaults instead.
 
+Violates: "new parameters (with their own hyper-parameters) join the shards"
+
 Based on the solution with this one flaw; the checker must reject it.
 """
 import torch
@@ -69,15 +71,22 @@ def _hyperparameters(group):
     return {k: v for k, v in group.items() if k != "params"}
 
 
-class ShardedOptimizer:
+class ShardedOptimizer(torch.optim.Optimizer):
     """ZeRO-1: each rank keeps the optimizer state of its own shard of the parameters only.
+
+    ShardedOptimizer is a ``torch.optim.Optimizer`` (it calls ``Optimizer.__init__``), so a
+    learning-rate scheduler works with it:
+    ``torch.optim.lr_scheduler.StepLR(ShardedOptimizer(...), step_size=...)`` changes the
+    ``lr`` of its ``param_groups``, and the next ``step()`` trains with it on every rank.
+    It overrides ``add_param_group``, ``step``, ``zero_grad``, ``state_dict`` and
+    ``load_state_dict``; its own ``state`` stays empty (the state is in ``optim``).
 
     Attributes:
         param_groups: the full parameter groups, as ``torch.optim.Optimizer.param_groups``:
             a list of dicts, each with ``"params"`` (list of all its parameters, on every
             rank) and its hyper-parameters, all of them: those the group gives, else
             ``**kwargs``, else ``optimizer_cls``'s defaults (as the local group has them). A
-            learning-rate scheduler may change them: ``step()`` copies them to the local
+            learning-rate scheduler changes them: ``step()`` copies them to the local
             optimizer first (``_sync_hyperparameters``, given).
         owners: ``{id(parameter): rank}`` for every parameter, from ``partition_parameters``
             applied to each group in turn (``loads`` carried from group to group).
@@ -85,6 +94,8 @@ class ShardedOptimizer:
             group per group of ``param_groups`` (same order, same hyper-parameters, possibly
             no parameters), so it alone holds the state of this rank's shard.
         rank, world_size: of the default process group.
+        defaults: the local optimizer's defaults (``optim.defaults``), given to
+            ``Optimizer.__init__``.
     """
 
     def __init__(self, params, optimizer_cls, **kwargs):
@@ -99,19 +110,21 @@ class ShardedOptimizer:
                 parameters (torch accepts it), cleared at once, so that every group is then
                 added with ``add_param_group`` (which partitions it).
             kwargs: the optimizer's defaults (``lr``, ``weight_decay``, ...).
+
+        ``Optimizer.__init__(self, params, defaults)`` (``super().__init__``) sets
+        ``self.defaults``, ``self.state`` and ``self.param_groups = []``, then calls
+        ``self.add_param_group`` (this class's) on every group of ``params``: so
+        ``self.optim`` must exist before it is called.
         """
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.optimizer_cls, self.defaults = optimizer_cls, dict(kwargs)
-        self.param_groups, self.owners, self.optim = [], {}, None
+        self.optimizer_cls, self.owners, self.optim = optimizer_cls, {}, None
         self._consolidated = None
-        params = list(params)
-        groups = params if params and isinstance(params[0], dict) else [{"params": params}]
         # TODO: self.optim = optimizer_cls over a placeholder group without parameters; clear
-        #       its param_groups; then add every group with self.add_param_group.
+        #       its param_groups; then super().__init__(params, self.optim.defaults), which
+        #       adds every group with self.add_param_group.
         self.optim = optimizer_cls([{"params": []}], **kwargs)
         self.optim.param_groups.clear()      # the placeholder group: every group comes below
-        for group in groups:
-            self.add_param_group(group)
+        super().__init__(params, self.optim.defaults)
 
     def add_param_group(self, group):
         """Add a parameter group (e.g. layers unfrozen during fine-tuning), on every rank.

@@ -1,0 +1,132 @@
+"""The launches shared by notebook 06's checkers: every stage probed in one launch per world
+size, kept per file content.
+
+2 ranks started like torchrun starts them (``RANK``, ``WORLD_SIZE``) and 3 ranks under
+``mpiexec`` (``PMI_RANK``, ``PMI_SIZE``) run :func:`.probes.probe`; the five checks of an
+unchanged file cost two launches. When a launch fails (a crash or a hang), the stage it was in
+keeps that error and the other stages run again without it, so one broken stage costs only its
+own points. Communication that bypassed the recorded ``torch.distributed`` functions
+(:mod:`.recorder`) fails the stage it happened in: a collective below them as an integrity
+violation.
+
+Used in 06_build_your_own_ddp (by :mod:`.checks` and :mod:`.checks_overlap`).
+"""
+import hashlib
+import re
+import tempfile
+from pathlib import Path
+
+from ..harness import HANG_AFTER, run_ranks
+from ..integrity import VIOLATION
+from . import probes
+from . import reference as ref
+
+TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
+
+
+GLOO_TIMEOUT = 20            # seconds a collective waits before gloo raises
+
+
+WORLDS = ((2, "none", "torchrun-style environment: RANK, WORLD_SIZE"),
+          (3, "mpi", "mpiexec: PMI_RANK, PMI_SIZE"))
+
+
+_CACHE = {}                  # (file digest, world size) -> launch outcome
+
+
+def stage_results(path, stage, timeout):
+    """Yield ``(size, where, per-rank results of stage)`` for 2 then 3 ranks."""
+    path = Path(path)
+    if not path.is_file():
+        raise AssertionError(f"{path} does not exist: run the %%writefile cell that creates "
+                             "it first.")
+    digest, failed = hashlib.sha256(path.read_bytes()).hexdigest(), set()
+    for size, backend, where in WORLDS:
+        entry = _CACHE.setdefault((digest, size), {"results": {}, "errors": {}})
+        while stage not in entry["results"]:
+            if stage in entry["errors"]:
+                error = entry["errors"][stage]
+                if " hung: " in error:       # maybe a busy machine: try again next time
+                    del entry["errors"][stage]
+                raise AssertionError(error)
+            todo = [s for s in probes.STAGES if s not in entry["results"] and s not in
+                    entry["errors"] and (s == stage or s not in failed)]
+            results, errors = _launch(path, size, backend, todo, stage, timeout)
+            entry["results"].update(results)
+            entry["errors"].update(errors)
+        failed |= set(entry["errors"])       # a stage that failed with 2 ranks: not again
+        verify_no_hidden(entry["results"][stage], stage)
+        yield size, where, entry["results"][stage]
+
+
+def _launch(path, size, backend, stages, wanted, timeout):
+    """One launch probing ``stages``: ({stage: per-rank results}, {} ) or, when it failed,
+    ({}, {the stage that failed: message}) so that the other stages run again without it."""
+    with tempfile.TemporaryDirectory(prefix="dtfs-myddp-") as progress:
+        try:
+            res = run_ranks(path, probes.probe, size, backend,
+                            dict(stages=stages, progress=progress,
+                                 gloo_timeout=min(GLOO_TIMEOUT, timeout / 2)), timeout,
+                            what=f"06_myddp.py with {size} ranks")
+        except AssertionError as err:
+            where, note = _where_failed(progress, str(err), size)
+            failed = where.split(":")[0] if where.split(":")[0] in stages else wanted
+            return {}, {failed: f"{err}{note}{_context(where)}"}
+    return {s: [r[s] for r in res] for s in stages}, {}
+
+
+def _where_failed(folder, message, size):
+    """Where the launch failed: the stage of the rank that raised, unless its error is a
+    consequence of another rank's (a lost connection, a timeout, a hang): then the
+    earliest stage any rank was in, where the ranks' collectives began to differ."""
+    files = {r: Path(folder) / f"rank{r}" for r in range(size)}
+    done = {r: f.read_text() for r, f in files.items() if f.exists()}
+    match = re.match(r"rank (\d+) raised", message)
+    if match and int(match.group(1)) in done and not re.search(
+            r"Connection (reset|closed)|[Tt]imed out|Broken pipe|hung: ", message):
+        return done[int(match.group(1))], ""
+    order = [s.split(":")[0] for s in done.values() if s.split(":")[0] in probes.STAGES]
+    where = min(order, key=probes.STAGES.index) if order else "api"
+    return where, (f"\nRanks issued different collectives? When this happened the ranks were "
+                   f"in stages {[done.get(r, '?') for r in range(size)]} (rank 0, 1, ...): "
+                   "every rank must make the same collective calls, in the same order")
+
+
+def _context(where):
+    if where == "buckets:bn":
+        return (f"\n(while checking BucketDDP(BNNet(), bucket_cap_mb={ref.BUCKET_CAPS['bn']} "
+                f"/ 2**20), a {ref.BUCKET_CAPS['bn']}-byte cap: its fc1.weight has 640 bytes; a "
+                f"parameter larger than the cap must get a bucket of its own)")
+    if where in ("naive", "flat"):
+        return (f"\n(while checking allreduce_{where}: among the parameters it is given are "
+                "some without a gradient, frozen ones and one unused in this backward "
+                "(requires_grad True, grad None): skip every parameter whose grad is None)")
+    return f"\n(while checking stage '{where.split(':')[0]}' of your file)"
+
+
+def raise_if_todo(res, path):
+    for out in res:
+        todo = (out.get("init") or {}).get("todo") or out.get("todo")
+        if todo:
+            raise AssertionError(f"not implemented yet: {todo} in {path} still raises "
+                                 f"NotImplementedError. Replace the `raise` line with your "
+                                 f"code, then run the %%writefile cell again.")
+
+
+def verify_no_hidden(res, stage):
+    """Communication that bypassed the recorded torch.distributed functions (:mod:`.recorder`):
+    a collective below them is an integrity violation, a point-to-point message off-topic."""
+    for rank, out in enumerate(res):
+        hidden = out.get("hidden") or []
+        below = sorted({e[0] for e in hidden if "." in e[0]})
+        if below:
+            raise AssertionError(
+                f"{VIOLATION}: rank {rank} reached {', '.join(below)} in stage '{stage}', below "
+                "torch.distributed's functions where the check records communication. "
+                "Communicate only through dist.all_reduce / dist.broadcast (the functions of "
+                "torch.distributed), as the notebook says")
+        if hidden:
+            raise AssertionError(
+                f"rank {rank} sent or received point-to-point messages in stage '{stage}' "
+                f"({sorted({e[0] for e in hidden})}): every stage of this notebook communicates "
+                "with collectives only (dist.all_reduce, dist.broadcast)")

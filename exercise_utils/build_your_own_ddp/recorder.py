@@ -1,0 +1,98 @@
+"""The recorder of notebook 06's checks: every collective the student's code issues, in order.
+
+:class:`Recorder` replaces the ``torch.distributed`` collectives (and the names the student's
+module imported from it) by recording wrappers: which collective, how many elements,
+``async_op``, and when its ``wait()`` came. A collective that reaches the ProcessGroup below
+those functions (``dist.group.WORLD.allreduce([t])``, ``torch.distributed.distributed_c10d
+.all_reduce``, which the wrappers do not replace, or ``torch.ops.c10d.*``) is logged in
+:attr:`Recorder.hidden` (:mod:`exercise_utils.pgwatch`); the checks report it as an
+integrity violation. Every call the recorder or the probe makes itself runs inside
+``paths.sanctioned()`` and is not hidden.
+
+Used in 06_build_your_own_ddp (by :mod:`.probes`).
+"""
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from .. import pgwatch
+
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce", "reduce_scatter", "barrier",
+               "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce_coalesced",
+               "all_to_all", "scatter", "gather")
+
+
+class _Work:
+    """Stands for the Work object of an async collective; records when ``wait()`` is called."""
+
+    def __init__(self, work, recorder, index):
+        self._work, self._recorder, self._index = work, recorder, index
+
+    def wait(self, *args, **kwargs):
+        self._recorder.mark("wait", self._index)
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+class Recorder:
+    """Replaces the torch.distributed collectives (also names the student imported) by
+    recording wrappers; ``events`` lists ("coll", name, numel, async_op), ("wait", i) and
+    the probe's own marks in the order they happened; ``hidden`` lists ``(name, numel,
+    peer)`` of what reached the ProcessGroup by another path (:mod:`exercise_utils.pgwatch`:
+    collectives under qualified names such as ``ProcessGroup.allreduce``, point-to-point
+    messages as ``send`` / ``recv``)."""
+
+    def __init__(self):
+        self.events, self.hidden, self.original, self.student = [], [], {}, None
+        self._watch, self.paths = contextlib.ExitStack(), None
+
+    def install(self, student):
+        self.student = student
+        self.paths = self._watch.enter_context(pgwatch.watching(self.hidden))
+        for name in COLLECTIVES:
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                self.original[name] = fn
+                self._replace(fn, self._wrap(name, fn))
+
+    def uninstall(self):
+        for name, fn in self.original.items():
+            self._replace(getattr(dist, name), fn)
+        self._watch.close()
+
+    def call(self, name, *args, **kwargs):
+        """The probe's own collective: the original function, neither recorded nor hidden."""
+        with self.paths.sanctioned():
+            return self.original[name](*args, **kwargs)
+
+    def _replace(self, old, new):
+        for module in (dist, self.student):
+            for key, value in list(vars(module).items()):
+                if value is old:
+                    setattr(module, key, new)
+
+    def _wrap(self, name, fn):
+        def recorded(*args, **kwargs):
+            tensor = args[0] if args else kwargs.get("tensor")
+            numel = tensor.numel() if isinstance(tensor, torch.Tensor) else 0
+            async_op = kwargs.get("async_op", args[3] if len(args) > 3 else False)
+            index = len(self.events)
+            self.events.append(("coll", name, numel, bool(async_op)))
+            with self.paths.sanctioned():
+                work = fn(*args, **kwargs)
+            return _Work(work, self, index) if work is not None else None
+        return recorded
+
+    def mark(self, *event):
+        self.events.append(event)
+
+    def take(self):
+        events, self.events = self.events, []
+        return events
+
+    def take_hidden(self):
+        hidden, self.hidden[:] = list(self.hidden), []
+        return hidden

@@ -1,0 +1,64 @@
+"""What notebook 06's exercises require, quoted from the notebook's text and docstrings.
+
+``REQUIREMENTS[exercise]`` lists the sentences a correct ``work/06_myddp.py`` must satisfy, word
+for word as the solution notebook states them. Every one has at least one wrong file in
+``tests/wrong/`` whose docstring quotes it and which the exercise's check rejects; every wrong
+file quotes one (``tests/test_requirements.py``). A requirement without a wrong file is either
+checked next time or deleted from the notebook.
+
+Used in 06_build_your_own_ddp.
+"""
+REQUIREMENTS = {
+    "api": [
+        "The rank, world size and local rank come from the launcher's environment: torchrun "
+        "sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``; MPICH's mpiexec sets ``PMI_RANK``, "
+        "``PMI_SIZE``, ``MPI_LOCALRANKID``",
+        "Copy rank ``root``'s parameters AND buffers (e.g. BatchNorm running statistics) into "
+        "every rank's ``model``, in place (an optimizer built before keeps working).",
+        "The order depends on it (another seed, another order) and on nothing else: not on the "
+        "rank, not on the world size.",
+        "Step k (the k-th batch of every rank) trains on the examples at positions "
+        "``k * batch_size`` to ``(k + 1) * batch_size - 1`` of the shuffled order, each rank "
+        "taking a disjoint ``per_rank_batch`` of them",
+        "Every rank yields the same number of batches, ``len(dataset) // batch_size`` (an extra "
+        "batch on one rank would leave it alone in an all-reduce, hanging); an incomplete last "
+        "batch is dropped, so every step trains on exactly ``batch_size`` examples.",
+    ],
+    "naive": [
+        "params: parameters; those whose ``grad`` is ``None`` (frozen, unused) are skipped.",
+        "On return each ``p.grad`` holds the average over ranks (sum, then divide by the world "
+        "size), in place.",
+    ],
+    "flat": [
+        "params: parameters; those whose ``grad`` is ``None`` are skipped.",
+        "divide by the world size and copy the pieces back into each ``p.grad`` "
+        "(``_unflatten_dense_tensors`` returns views of the buffer).",
+    ],
+    "overlap": [
+        "At construction: broadcast rank 0's parameters and buffers (``broadcast_parameters``), "
+        "then register ``p.register_post_accumulate_grad_hook(...)`` on every parameter that "
+        "requires a gradient.",
+        "The hook runs as soon as backward has accumulated that parameter's gradient and starts "
+        "``dist.all_reduce(p.grad, async_op=True)`` (it must not wait: backward goes on "
+        "computing the earlier layers' gradients while this one travels).",
+        "``finish_gradient_synchronization()``, called after ``loss.backward()`` and before the "
+        "optimizer step, waits for every started all-reduce and divides those gradients by the "
+        "world size.",
+    ],
+    "buckets": [
+        "bucket_cap_mb: bucket capacity in MiB (``bucket_cap_mb * 1024 * 1024`` bytes).",
+        "take the parameters that require a gradient (frozen ones are skipped; a tied parameter "
+        "appears once, ``named_parameters`` already deduplicates) in REVERSE registration "
+        "order, the order backward produces their gradients",
+        "A parameter larger than the cap therefore gets a bucket of its own.",
+        "``finish_gradient_synchronization()`` waits for each bucket, divides by the world size "
+        "and copies the values back into the ``p.grad`` (unflatten); afterwards the next "
+        "backward starts counting again.",
+        "``no_sync()``: a context manager; a backward inside it launches no communication at "
+        "all (gradients just accumulate locally in ``p.grad``); the next backward outside it "
+        "reduces the accumulated gradients.",
+        "If some did not (a layer the forward skipped), ``finish_gradient_synchronization()`` "
+        "raises ``RuntimeError`` naming every trainable parameter that got no gradient in that "
+        "backward, before an optimizer step could let the replicas drift apart.",
+    ],
+}
