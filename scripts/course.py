@@ -72,11 +72,27 @@ def nbgrader(args, cwd, live=False, check=True):
     return proc.returncode, lines
 
 
-def write_config(course, cell_timeout=600):
-    """Write COURSE/nbgrader_config.py (root, gradebook, ignore list, execution limits)."""
+def write_config(course, cell_timeout=600, graded_only=True):
+    """Write COURSE/nbgrader_config.py (root, gradebook, ignore list, execution limits, and
+    autograde's executor: scripts/graded_only.py, which runs only the graded cells unless
+    ``graded_only`` is False; deleted CHECK cells are put back from the gradebook)."""
     text = "\n".join([
         "# Written by scripts/course.py on every run; edits here are overwritten.",
+        "import sys",
+        f"sys.path.insert(0, {str(ROOT / 'scripts')!r})",
+        "from nbconvert.preprocessors import ClearMetadataPreprocessor",
+        "from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern,",
+        "                                    LimitOutput, SaveAutoGrades)",
+        "from graded_only import GradedOnlyExecute",
         "c = get_config()  # noqa: F821",
+        "c.Autograde.autograde_preprocessors = [GradedOnlyExecute, IgnorePattern,",
+        "    ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades, AssignLatePenalties,",
+        "    CheckCellMetadata]  # nbgrader's list, with GradedOnlyExecute for Execute",
+        f"c.GradedOnlyExecute.graded_only = {bool(graded_only)!r}",
+        f"c.GradedOnlyExecute.timeout = {int(cell_timeout)}  # seconds per cell",
+        "c.GradedOnlyExecute.interrupt_on_timeout = True",
+        "c.GradedOnlyExecute.startup_timeout = 120",
+        "c.OverwriteCells.add_missing_cells = True  # a deleted CHECK cell is put back",
         f"c.CourseDirectory.root = {str(course)!r}",
         f"c.CourseDirectory.db_url = {'sqlite:///' + str(course / 'gradebook.db')!r}",
         f"c.CourseDirectory.ignore = {IGNORE!r}",
@@ -212,7 +228,7 @@ def cmd_autograde(args):
         (course / "submitted").mkdir(parents=True, exist_ok=True)
         print("error: no submissions found\n" + EXPECTED_LAYOUT.format(course=course), file=sys.stderr)
         return 1
-    write_config(course, args.cell_timeout)
+    write_config(course, args.cell_timeout, not args.whole_notebook)
     for stem in assignments:
         _, text, _ = load_normalized(Path(args.solutions) / f"{stem}.ipynb")
         install_source(course, stem, text)
@@ -262,6 +278,9 @@ def parse_args(argv=None):
     grading.add_argument("--course", required=True, help="nbgrader course directory (created if missing)")
     grading.add_argument("--cell-timeout", type=int, default=600,
                          help="seconds a notebook cell may run while grading (default: %(default)s)")
+    grading.add_argument("--whole-notebook", action="store_true",
+                         help="run every cell of a submission, as plain nbgrader does (default: "
+                              "only the setup, exercise and CHECK cells; scripts/graded_only.py)")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("meta", parents=[paths], help="write nbgrader metadata into solutions/*.ipynb")

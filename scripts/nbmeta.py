@@ -7,6 +7,10 @@ The metadata is derived from the cell text, never written by hand:
   otherwise its first line must be ``# solution: <id>``.
 - A code cell whose first line is ``# CHECK <id> (<N> points)`` is an autograder test
   cell worth N points, grade_id ``check_<id>``; it may hold ``### BEGIN HIDDEN TESTS``.
+  It must be self-contained: grading runs only the setup, exercise and CHECK cells
+  (scripts/graded_only.py), so it may use only what the setup cell defines.
+- A code cell whose first line starts with ``# Setup`` is the notebook's locked setup cell
+  (grade_id ``setup``, at most one): grading runs it first, with the source's text.
 - Every other cell carries no nbgrader metadata.
 
 ``normalize`` also clears outputs and execution counts, drops per-run cell metadata,
@@ -24,6 +28,7 @@ SOLUTION_DELIM = "BEGIN SOLUTION"
 HIDDEN_DELIM = "BEGIN HIDDEN TESTS"
 WRITEFILE_RE = re.compile(r"^%%writefile\s+(?:-a\s+|--append\s+)?work/(?P<id>[A-Za-z0-9_-]+)\.py\s*$")
 SOLUTION_ID_RE = re.compile(r"^#\s*solution:\s*(?P<id>[A-Za-z0-9_-]+)\s*$")
+SETUP_RE = re.compile(r"^#\s*Setup\b")
 CHECK_RE = re.compile(r"^#\s*CHECK\s+(?P<id>[A-Za-z0-9_-]+)\s+\((?P<points>\d+(?:\.\d+)?)\s+points?\)")
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 # Cell metadata that is per-run noise or stale nbgrader state; the script owns "nbgrader".
@@ -67,6 +72,9 @@ def cell_metadata(cell, index):
         return {"schema_version": 3, "solution": False, "grade": True, "locked": True, "task": False,
                 "points": int(points) if points.is_integer() else points,
                 "grade_id": "check_" + check["id"]}
+    if SETUP_RE.match(first) and HIDDEN_DELIM not in src:
+        return {"schema_version": 3, "solution": False, "grade": False, "locked": True,
+                "task": False, "grade_id": "setup"}
     if HIDDEN_DELIM in src:
         raise MetaError(f"cell {index}: hidden tests outside a '# CHECK <id> (N points)' cell")
     return None

@@ -64,7 +64,7 @@ def assert_ran_without_errors(course, student, stem):
                 f"{out.get('ename')}: {out.get('evalue', '')[:500]}")
 
 
-def autograde(tmp_path, stem, submissions, timeout=1500):
+def autograde(tmp_path, stem, submissions, timeout=1500, whole_notebook=True):
     """Autograde submissions of one notebook with ``scripts/course.py autograde``.
 
     Args:
@@ -72,6 +72,8 @@ def autograde(tmp_path, stem, submissions, timeout=1500):
         stem: the notebook stem, e.g. "04_resnet_cifar_data_parallel".
         submissions: ``{student id: notebook text}``.
         timeout: seconds for the whole autograde run.
+        whole_notebook: run every cell (``--whole-notebook``): the solution's run is also the
+            proof that the notebook runs top to bottom. False: graded-only, as instructors grade.
     Returns:
         (course folder, {student id: score}, seconds the run took).
     """
@@ -82,7 +84,8 @@ def autograde(tmp_path, stem, submissions, timeout=1500):
         (target / f"{stem}.ipynb").write_text(text)
     start = time.monotonic()
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "autograde",
-                           "--course", str(course), "--cell-timeout", "300"],
+                           "--course", str(course), "--cell-timeout", "300",
+                           *(["--whole-notebook"] if whole_notebook else [])],
                           capture_output=True, text=True, timeout=timeout)
     seconds = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

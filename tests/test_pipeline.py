@@ -104,7 +104,10 @@ def test_meta_sets_metadata_and_is_idempotent(solutions):
 
     nb = nbformat.read(path, as_version=4)
     cells = by_id(nb)
-    assert set(cells) == {"00_add", "double", "check_add", "check_double"}
+    assert set(cells) == {"setup", "00_add", "double", "check_add", "check_double"}
+    assert cells["setup"].metadata["nbgrader"] == {
+        "schema_version": 3, "solution": False, "grade": False, "locked": True, "task": False,
+        "grade_id": "setup"}
     assert cells["00_add"].metadata["nbgrader"] == {
         "schema_version": 3, "solution": True, "grade": False, "locked": False, "task": False,
         "grade_id": "00_add"}

@@ -1,0 +1,152 @@
+"""Graded-only autograding (scripts/graded_only.py): one test per trick a student could try.
+
+Each trick is a submission of the fixture notebook (tests/fixtures/00_fixture: setup cell,
+exercise ``add`` as a ``%%writefile`` file worth 2 points, exercise ``double`` in the kernel
+worth 1). Graded-only autograding must give each trick the score of the honest work it
+contains; the first three tricks are also graded the whole-notebook way (plain nbgrader),
+where they score points they did not earn: that proves the tricks are real and the test can
+fail. A static test shows every CHECK cell of the course's notebooks is self-contained.
+"""
+import ast
+import builtins
+import copy
+import csv
+import json
+
+import nbformat
+import pytest
+
+from test_pipeline import FIXTURE, ROOT, STEM, by_id, course, ok
+
+FAKE_LOAD = ("import types\n"
+             "load = lambda path: types.SimpleNamespace(add=lambda a, b: a + b)  # no file needed\n")
+TRANSFORMER = ('def _swallow(lines):\n'
+               '    return ["try:\\n"] + ["    " + l for l in lines] + ["\\nexcept BaseException:\\n    pass\\n"]\n'
+               'get_ipython().input_transformers_post.append(_swallow)\n')
+MARKER = "import pathlib\npathlib.Path('student_cell_ran.txt').write_text('ran')\n"
+
+
+def _cell(source):
+    return nbformat.v4.new_code_cell(source)
+
+
+def _index(nb, grade_id):
+    return next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def submissions(release, solution):
+    """{student: (notebook, score graded-only, score whole-notebook or None)}."""
+    blank, solved = nbformat.read(release, as_version=4), nbformat.read(solution, as_version=4)
+    subs = {}
+
+    def variant(name, base, edit, graded, whole=None):
+        nb = copy.deepcopy(base)
+        edit(nb)
+        subs[name] = (nb, graded, whole)
+
+    # a cell before the CHECK replaces what the check calls: earns add's 2 points whole-notebook
+    variant("monkeypatch", blank, lambda nb: nb.cells.insert(_index(nb, "check_add"), _cell(FAKE_LOAD)),
+            0, 2)
+    # an IPython input transformer wraps every later cell (the CHECK cells too) in try/except
+    variant("transformer", blank, lambda nb: nb.cells.insert(_index(nb, "setup") + 1, _cell(TRANSFORMER)),
+            0, 3)
+
+    def code_solution(nb):          # the %%writefile line replaced by Python that runs
+        by_id(nb)["00_add"].source = FAKE_LOAD
+    variant("code_solution", blank, code_solution, 0, 2)
+
+    def edited_check(nb):
+        by_id(nb)["check_add"].source = "# CHECK add (2 points)\npass\n"
+    variant("edited_check", blank, edited_check, 0)
+    variant("deleted_check", blank, lambda nb: nb.cells.pop(_index(nb, "check_add")), 0)
+
+    def detagged_check(nb):         # no nbgrader metadata: an ordinary (student) cell
+        cell = by_id(nb)["check_add"]
+        del cell.metadata["nbgrader"]
+        cell.source = "# CHECK add (2 points)\npass\n"
+    variant("detagged_check", blank, detagged_check, 0)
+
+    def edited_setup(nb):
+        by_id(nb)["setup"].source += "\n" + FAKE_LOAD
+    variant("edited_setup", blank, edited_setup, 0)
+    # honest work around the tricks: a student's own cell never runs; full marks still
+    variant("extra_cell", solved, lambda nb: nb.cells.append(_cell(MARKER)), 3)
+    variant("deleted_setup", solved, lambda nb: nb.cells.pop(_index(nb, "setup")), 3)
+
+    def moved_check(nb):            # CHECK add above its exercise cell: files are written first
+        nb.cells.insert(_index(nb, "00_add"), nb.cells.pop(_index(nb, "check_add")))
+    variant("moved_check", solved, moved_check, 3)
+    return subs
+
+
+def grade(tmp_path, subs, *extra):
+    base = tmp_path / "course"
+    for student, (nb, *_rest) in subs.items():
+        folder = base / "submitted" / student / STEM
+        folder.mkdir(parents=True)
+        nbformat.write(nb, folder / f"{STEM}.ipynb")
+    proc = ok(course("autograde", "--course", base, "--solutions", FIXTURE.parent,
+                     "--cell-timeout", 60, *extra))
+    with open(base / "grades.csv", newline="") as f:
+        return base, {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)}, proc
+
+
+@pytest.fixture(scope="module")
+def fixture_release(tmp_path_factory):
+    base = tmp_path_factory.mktemp("go")
+    ok(course("release", "--solutions", FIXTURE.parent, "--notebooks", base))
+    return base / f"{STEM}.ipynb"
+
+
+def test_every_trick_scores_only_its_honest_work(tmp_path, fixture_release):
+    subs = submissions(fixture_release, FIXTURE)
+    base, scores, _ = grade(tmp_path, subs)
+    assert scores == {name: float(graded) for name, (_, graded, _) in subs.items()}
+    graded = base / "autograded"
+    assert not (graded / "extra_cell" / STEM / "student_cell_ran.txt").exists()
+    extra = nbformat.read(graded / "extra_cell" / STEM / f"{STEM}.ipynb", as_version=4)
+    assert "not run during grading" in json.dumps(extra.cells[-1].outputs)
+    written = (graded / "code_solution" / STEM / "work" / "00_add.py").read_text()
+    assert written == FAKE_LOAD          # the cell's Python was written to the file, not run
+    restored = nbformat.read(graded / "deleted_check" / STEM / f"{STEM}.ipynb", as_version=4)
+    assert "check_add" in by_id(restored)
+    setup = nbformat.read(graded / "deleted_setup" / STEM / f"{STEM}.ipynb", as_version=4)
+    assert "restored from the course's source" in by_id(setup)["setup"].source
+
+
+def test_the_tricks_work_when_the_whole_notebook_runs(tmp_path, fixture_release):
+    """Plain nbgrader (``--whole-notebook``) gives the first three tricks unearned points."""
+    subs = {name: sub for name, sub in submissions(fixture_release, FIXTURE).items()
+            if sub[2] is not None}
+    _, scores, _ = grade(tmp_path, subs, "--whole-notebook")
+    assert scores == {name: float(whole) for name, (_, _, whole) in subs.items()}
+
+
+def _names(tree):
+    """(names a cell assigns or imports, names it reads)."""
+    bound, read = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (bound if isinstance(node.ctx, (ast.Store, ast.Del)) else read).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return bound, read
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "solutions").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_check_cells_need_only_the_setup_cell(path):
+    """Grading runs the setup cell and the CHECK cells only: a CHECK cell may read no name
+    that only an ungraded cell defines."""
+    nb = nbformat.read(path, as_version=4)
+    setup = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("# Setup")]
+    assert len(setup) == 1, "one '# Setup' cell per notebook"
+    known = _names(ast.parse(setup[0].source))[0] | set(dir(builtins)) | {"get_ipython", "display"}
+    checks = [c for c in nb.cells if c.source.startswith("# CHECK ")]
+    assert checks
+    for cell in checks:
+        bound, read = _names(ast.parse(cell.source))
+        assert read <= known | bound, (cell.source.split("\n")[0], sorted(read - known - bound))
