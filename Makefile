@@ -5,6 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 COURSE ?= course
+JOBS ?= 1
 FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 LAB_FLAGS := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)   # containers and Colab run as root
@@ -16,7 +17,7 @@ help:
 	@echo "make test       run the whole test suite (quick mode)"
 	@echo "make demo       notebook 01's scaling experiment, headless (1, 2, 4 MPI processes)"
 	@echo "make release    regenerate notebooks/ from solutions/ (nbgrader)"
-	@echo "make autograde  grade $(COURSE)/submitted/*/*/*.ipynb and export $(COURSE)/grades.csv"
+	@echo "make autograde  grade $(COURSE)/submitted/*/*/*.ipynb (JOBS=N at once) and export $(COURSE)/grades.csv"
 	@echo "make feedback   HTML feedback for the autograded submissions"
 
 setup: $(STAMP) data
@@ -57,7 +58,7 @@ release: $(STAMP)
 	$(PY) scripts/course.py release
 
 autograde: $(STAMP)
-	$(PY) scripts/course.py autograde --course $(COURSE)
+	$(PY) scripts/course.py autograde --course $(COURSE) --jobs $(JOBS)
 
 feedback: $(STAMP)
 	$(PY) scripts/course.py feedback --course $(COURSE)

@@ -17,8 +17,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import psutil
@@ -60,15 +62,45 @@ class RunResult:
     killed: list = field(default_factory=list)
 
 
+PORTS = Path(tempfile.gettempdir()) / "dtfs-ports"   # ports handed out lately, one file each
+PORT_HOLD = 300                                       # seconds a handed-out port stays reserved
+
+
 def free_port():
-    """Return a TCP port on 127.0.0.1 that is free right now.
+    """Return a TCP port on 127.0.0.1 that is free right now and was not handed out by this
+    function, in any process, in the last :data:`PORT_HOLD` seconds.
+
+    The kernel's free port is only free until someone binds it: launches running side by side
+    (pytest workers, ``course.py autograde --jobs N``) could be given the same one before
+    either binds it. A marker file per port, created exclusively, settles who owns it.
 
     Returns:
         int: the port number.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    PORTS.mkdir(exist_ok=True)
+    now = time.time()
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        marker = PORTS / str(port)
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            break
+        except FileExistsError:
+            _expire(marker, now)
+    if sum(1 for _ in zip(range(1000), PORTS.iterdir())) >= 1000:
+        for old in list(PORTS.iterdir()):
+            _expire(old, now)
+    return port
+
+
+def _expire(marker, now):
+    try:
+        if now - marker.stat().st_mtime > PORT_HOLD:
+            marker.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def find_executable(name):

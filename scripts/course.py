@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbmeta  # noqa: E402
+import parallel_grade  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FAILED_RE = re.compile(r"There was an error processing assignment '(.+?)' for student '(.+?)'")
@@ -72,10 +73,11 @@ def nbgrader(args, cwd, live=False, check=True):
     return proc.returncode, lines
 
 
-def write_config(course, cell_timeout=600, graded_only=True):
+def write_config(course, cell_timeout=600, graded_only=True, ipc_dir=None):
     """Write COURSE/nbgrader_config.py (root, gradebook, ignore list, execution limits, and
     autograde's executor: scripts/graded_only.py, which runs only the graded cells unless
-    ``graded_only`` is False; deleted CHECK cells are put back from the gradebook)."""
+    ``graded_only`` is False; deleted CHECK cells are put back from the gradebook). With
+    ``ipc_dir`` the kernels talk over IPC sockets there instead of TCP ports (parallel jobs)."""
     text = "\n".join([
         "# Written by scripts/course.py on every run; edits here are overwritten.",
         "import sys",
@@ -93,6 +95,8 @@ def write_config(course, cell_timeout=600, graded_only=True):
         "c.GradedOnlyExecute.interrupt_on_timeout = True",
         "c.GradedOnlyExecute.startup_timeout = 120",
         "c.OverwriteCells.add_missing_cells = True  # a deleted CHECK cell is put back",
+        *([f"c.KernelManager.transport = 'ipc'", f"c.KernelManager.ip = {ipc_dir + '/kernel'!r}"]
+          if ipc_dir else []),
         f"c.CourseDirectory.root = {str(course)!r}",
         f"c.CourseDirectory.db_url = {'sqlite:///' + str(course / 'gradebook.db')!r}",
         f"c.CourseDirectory.ignore = {IGNORE!r}",
@@ -233,11 +237,15 @@ def cmd_autograde(args):
         _, text, _ = load_normalized(Path(args.solutions) / f"{stem}.ipynb")
         install_source(course, stem, text)
         nbgrader(["generate_assignment", stem, "--force"], course)
-    failed, rc = set(), 0
-    for stem in assignments:
-        status, lines = nbgrader(["autograde", stem, "--force"], course, live=True, check=False)
-        rc = rc or status
-        failed |= {m.groups() for m in map(FAILED_RE.search, lines) if m}
+    if args.jobs > 1:
+        failed = grade_in_parallel(course, assignments, args)
+        rc = int(bool(failed))
+    else:
+        failed, rc = set(), 0
+        for stem in assignments:
+            status, lines = nbgrader(["autograde", stem, "--force"], course, live=True, check=False)
+            rc = rc or status
+            failed |= {m.groups() for m in map(FAILED_RE.search, lines) if m}
     grades = course / "grades.csv"
     nbgrader(["export", "--to", str(grades)], course)
     print(f"\ngrades: {grades}")
@@ -248,6 +256,24 @@ def cmd_autograde(args):
               "fails the whole submission, see the log above", file=sys.stderr)
         return 1
     return 0
+
+
+def grade_in_parallel(course, assignments, args):
+    """Grade every submission ``args.jobs`` at a time (scripts/parallel_grade.py); return the
+    (assignment, student) pairs that failed."""
+    from nbgrader.api import Gradebook
+    pairs = [(stem, p.parent.name) for stem in assignments
+             for p in sorted((course / "submitted").glob(f"*/{stem}")) if p.is_dir()]
+    with Gradebook("sqlite:///" + str(course / "gradebook.db")) as gb:
+        for student in sorted({student for _, student in pairs}):
+            gb.update_or_create_student(student)   # exported (score 0) even if grading fails
+    print(f"autograde: {len(pairs)} submissions, {args.jobs} at a time", flush=True)
+    results = parallel_grade.grade_all(
+        course, pairs, args.jobs,
+        lambda folder, ipc: write_config(folder, args.cell_timeout, not args.whole_notebook, ipc),
+        [sys.executable, "-m", "nbgrader"], nbgrader_env(), args.job_timeout,
+        out=lambda line: print(line, flush=True))
+    return {pair for pair, (status, _) in results.items() if status != "ok"}
 
 
 def cmd_feedback(args):
@@ -278,6 +304,12 @@ def parse_args(argv=None):
     grading.add_argument("--course", required=True, help="nbgrader course directory (created if missing)")
     grading.add_argument("--cell-timeout", type=int, default=600,
                          help="seconds a notebook cell may run while grading (default: %(default)s)")
+    grading.add_argument("--jobs", type=int, default=1,
+                         help="grade this many submissions at once, each in its own folder "
+                              "(default: %(default)s)")
+    grading.add_argument("--job-timeout", type=int, default=3600,
+                         help="seconds one submission may take with --jobs > 1 before its "
+                              "processes are killed (default: %(default)s)")
     grading.add_argument("--whole-notebook", action="store_true",
                          help="run every cell of a submission, as plain nbgrader does (default: "
                               "only the setup, exercise and CHECK cells; scripts/graded_only.py)")

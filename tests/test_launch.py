@@ -139,6 +139,17 @@ def test_free_ports_are_bindable_and_differ():
             s.bind(("127.0.0.1", port))
 
 
+def test_free_ports_differ_across_processes():
+    """Processes asking side by side (parallel grading jobs) never get the same port: 3 x 300
+    ports drawn at random from ~28000 would share about 14 without the reservation."""
+    code = "from exercise_utils import launch; print(*(launch.free_port() for _ in range(300)))"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    drawn = [set(map(int, p.communicate(timeout=120)[0].split())) for p in procs]
+    assert [len(d) for d in drawn] == [300] * 3
+    assert not (drawn[0] & drawn[1] or drawn[0] & drawn[2] or drawn[1] & drawn[2])
+
+
 def test_threads_per_process_default(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     script = write(tmp_path, "t.py", "import os; print(os.environ['OMP_NUM_THREADS'])")
