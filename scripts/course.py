@@ -15,6 +15,7 @@ directory as working directory (nbgrader reads nbgrader_config.py only from ther
 """
 import argparse
 import csv
+import json
 import os
 import re
 import shlex
@@ -73,11 +74,12 @@ def nbgrader(args, cwd, live=False, check=True):
     return proc.returncode, lines
 
 
-def write_config(course, cell_timeout=600, graded_only=True, ipc_dir=None):
+def write_config(course, cell_timeout=600, graded_only=True):
     """Write COURSE/nbgrader_config.py (root, gradebook, ignore list, execution limits, and
     autograde's executor: scripts/graded_only.py, which runs only the graded cells unless
-    ``graded_only`` is False; deleted CHECK cells are put back from the gradebook). With
-    ``ipc_dir`` the kernels talk over IPC sockets there instead of TCP ports (parallel jobs)."""
+    ``graded_only`` is False; deleted CHECK cells are put back from the gradebook). Under
+    ``DTFS_KERNEL_IPC`` (set per job by scripts/parallel_grade.py) kernels use IPC sockets in
+    that folder instead of TCP ports."""
     text = "\n".join([
         "# Written by scripts/course.py on every run; edits here are overwritten.",
         "import sys",
@@ -95,8 +97,10 @@ def write_config(course, cell_timeout=600, graded_only=True, ipc_dir=None):
         "c.GradedOnlyExecute.interrupt_on_timeout = True",
         "c.GradedOnlyExecute.startup_timeout = 120",
         "c.OverwriteCells.add_missing_cells = True  # a deleted CHECK cell is put back",
-        *([f"c.KernelManager.transport = 'ipc'", f"c.KernelManager.ip = {ipc_dir + '/kernel'!r}"]
-          if ipc_dir else []),
+        "import os",
+        "if os.environ.get('DTFS_KERNEL_IPC'):  # parallel jobs: no TCP port to collide on",
+        "    c.KernelManager.transport = 'ipc'",
+        "    c.KernelManager.ip = os.environ['DTFS_KERNEL_IPC'] + '/kernel'",
         f"c.CourseDirectory.root = {str(course)!r}",
         f"c.CourseDirectory.db_url = {'sqlite:///' + str(course / 'gradebook.db')!r}",
         f"c.CourseDirectory.ignore = {IGNORE!r}",
@@ -237,6 +241,8 @@ def cmd_autograde(args):
         _, text, _ = load_normalized(Path(args.solutions) / f"{stem}.ipynb")
         install_source(course, stem, text)
         nbgrader(["generate_assignment", stem, "--force"], course)
+    if args.slurm:
+        return grade_on_slurm(course, assignments, args)
     if args.jobs > 1:
         failed = grade_in_parallel(course, assignments, args)
         rc = int(bool(failed))
@@ -258,19 +264,47 @@ def cmd_autograde(args):
     return 0
 
 
-def grade_in_parallel(course, assignments, args):
-    """Grade every submission ``args.jobs`` at a time (scripts/parallel_grade.py); return the
-    (assignment, student) pairs that failed."""
+def submission_pairs(course, assignments):
+    """[(assignment, student)] of COURSE/submitted; every student is put in the gradebook, so
+    that one whose grading fails is still exported (score 0)."""
     from nbgrader.api import Gradebook
     pairs = [(stem, p.parent.name) for stem in assignments
              for p in sorted((course / "submitted").glob(f"*/{stem}")) if p.is_dir()]
     with Gradebook("sqlite:///" + str(course / "gradebook.db")) as gb:
         for student in sorted({student for _, student in pairs}):
-            gb.update_or_create_student(student)   # exported (score 0) even if grading fails
+            gb.update_or_create_student(student)
+    return pairs
+
+
+def grade_on_slurm(course, assignments, args):
+    """Submit the class as a SLURM array job plus a dependent merge job (scripts/slurm_grade.py);
+    with --wait, wait for both and print the grades."""
+    import slurm_grade
+    pairs = submission_pairs(course, assignments)
+    env = nbgrader_env()
+    array_id, merge_id = slurm_grade.submit(
+        course, pairs, args.per_task, args.sbatch_arg, args.job_timeout,
+        lambda folder: write_config(folder, args.cell_timeout, not args.whole_notebook), env)
+    grading = course / parallel_grade.JOBS_DIR
+    print(f"slurm: {len(pairs)} submissions in array job {array_id} ({args.per_task} per task); "
+          f"merge job {merge_id} writes {course / 'grades.csv'}; logs in {grading}")
+    if not args.wait:
+        return 0
+    if not slurm_grade.wait([array_id, merge_id], env, args.job_timeout * len(pairs) + 600):
+        raise CourseError(f"SLURM jobs {array_id}, {merge_id} still running; see squeue")
+    failed = {tuple(pair) for pair in json.loads((course / "grades.failed.json").read_text())}
+    print_grades(course / "grades.csv", failed)
+    return 1 if failed else 0
+
+
+def grade_in_parallel(course, assignments, args):
+    """Grade every submission ``args.jobs`` at a time (scripts/parallel_grade.py); return the
+    (assignment, student) pairs that failed."""
+    pairs = submission_pairs(course, assignments)
     print(f"autograde: {len(pairs)} submissions, {args.jobs} at a time", flush=True)
     results = parallel_grade.grade_all(
         course, pairs, args.jobs,
-        lambda folder, ipc: write_config(folder, args.cell_timeout, not args.whole_notebook, ipc),
+        lambda folder: write_config(folder, args.cell_timeout, not args.whole_notebook),
         [sys.executable, "-m", "nbgrader"], nbgrader_env(), args.job_timeout,
         out=lambda line: print(line, flush=True))
     return {pair for pair, (status, _) in results.items() if status != "ok"}
@@ -310,6 +344,13 @@ def parse_args(argv=None):
     grading.add_argument("--job-timeout", type=int, default=3600,
                          help="seconds one submission may take with --jobs > 1 before its "
                               "processes are killed (default: %(default)s)")
+    grading.add_argument("--slurm", action="store_true",
+                         help="submit an sbatch array job (one task per --per-task submissions) "
+                              "and a dependent job that merges the grades (scripts/slurm_grade.py)")
+    grading.add_argument("--per-task", type=int, default=1, help="submissions per SLURM array task")
+    grading.add_argument("--sbatch-arg", action="append", default=[],
+                         help="extra #SBATCH line for both jobs, e.g. --sbatch-arg=--partition=cpu")
+    grading.add_argument("--wait", action="store_true", help="with --slurm: wait and print the grades")
     grading.add_argument("--whole-notebook", action="store_true",
                          help="run every cell of a submission, as plain nbgrader does (default: "
                               "only the setup, exercise and CHECK cells; scripts/graded_only.py)")

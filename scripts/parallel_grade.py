@@ -4,7 +4,7 @@
 ``COURSE/.grading/<assignment>--<student>/``: a copy of the course's gradebook (which holds
 the assignment after ``generate_assignment``), the course's ``source/`` (a link), the one
 submission, and an ``nbgrader_config.py`` whose kernels talk over IPC sockets in a short
-private folder (no TCP port for two kernels to collide on; the checks' own launches take a
+private folder (``DTFS_KERNEL_IPC``: no TCP port for two kernels to collide on; the checks' own launches take a
 fresh port each, :func:`exercise_utils.launch.free_port`). ``nbgrader autograde A --student
 S`` runs there. When it finishes, the parent, and only the parent, merges its scores into
 the course's gradebook (one writer: no sqlite lock contention) and moves the autograded
@@ -45,9 +45,10 @@ def prepare_job(course, assignment, student):
     return folder
 
 
-def run_job(folder, assignment, student, write_config, nbgrader_cmd, env, job_timeout):
-    """Run nbgrader autograde for one submission in ``folder``; ``write_config(folder,
-    ipc_dir)`` writes its nbgrader_config.py first.
+def run_job(folder, assignment, student, nbgrader_cmd, env, job_timeout):
+    """Run nbgrader autograde for one submission in ``folder`` (config written already); its
+    kernels use IPC sockets in a fresh private folder (``DTFS_KERNEL_IPC``, read by the
+    config that scripts/course.py writes).
 
     Returns:
         (status, seconds): status "ok", "failed" (nbgrader reported an error) or
@@ -55,8 +56,8 @@ def run_job(folder, assignment, student, write_config, nbgrader_cmd, env, job_ti
     """
     start = time.monotonic()
     ipc = tempfile.mkdtemp(prefix="dtfs-k-", dir="/tmp")   # AF_UNIX paths: 107 bytes at most
+    env = {**(env or os.environ), "DTFS_KERNEL_IPC": ipc}
     try:
-        write_config(folder, ipc)
         with open(folder / "log.txt", "w") as log:
             proc = subprocess.Popen([*nbgrader_cmd, "autograde", assignment, "--student", student,
                                      "--force"], cwd=folder, env=env, stdout=log,
@@ -125,6 +126,7 @@ def progress(done, total, failed, width=30):
 
 def grade_all(course, pairs, jobs, write_config, nbgrader_cmd, env, job_timeout, out=print):
     """Grade ``pairs`` [(assignment, student)] ``jobs`` at a time; merge each as it ends.
+    ``write_config(folder)`` writes a job folder's nbgrader_config.py.
 
     Returns:
         {(assignment, student): (status, seconds)}; a failed or timed-out job keeps its
@@ -134,9 +136,11 @@ def grade_all(course, pairs, jobs, write_config, nbgrader_cmd, env, job_timeout,
     results, failed = {}, 0
     out(progress(0, len(pairs), 0))
     folders = {pair: prepare_job(course, *pair) for pair in pairs}
+    for folder in folders.values():
+        write_config(folder)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_job, folders[pair], *pair, write_config, nbgrader_cmd, env,
-                               job_timeout): pair for pair in pairs}
+        futures = {pool.submit(run_job, folders[pair], *pair, nbgrader_cmd, env, job_timeout): pair
+                   for pair in pairs}
         for future in concurrent.futures.as_completed(futures):
             pair = futures[future]
             status, seconds = future.result()
