@@ -6,18 +6,20 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 COURSE ?= course
 JOBS ?= 1
+PER_TASK ?= 1
 FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 LAB_FLAGS := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)   # containers and Colab run as root
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup data lab demo test release autograde feedback clean help
+.PHONY: setup data lab demo test release autograde autograde-slurm feedback clean help
 help:
 	@echo "make lab        install (once) and open JupyterLab on notebooks/"
 	@echo "make test       run the whole test suite (quick mode)"
 	@echo "make demo       notebook 01's scaling experiment, headless (1, 2, 4 MPI processes)"
 	@echo "make release    regenerate notebooks/ from solutions/ (nbgrader)"
 	@echo "make autograde  grade $(COURSE)/submitted/*/*/*.ipynb (JOBS=N at once) and export $(COURSE)/grades.csv"
+	@echo "make autograde-slurm  submit the grading of $(COURSE) as a SLURM array job (PER_TASK=K)"
 	@echo "make feedback   HTML feedback for the autograded submissions"
 
 setup: $(STAMP) data
@@ -59,6 +61,9 @@ release: $(STAMP)
 
 autograde: $(STAMP)
 	$(PY) scripts/course.py autograde --course $(COURSE) --jobs $(JOBS)
+
+autograde-slurm: $(STAMP)
+	$(PY) scripts/course.py autograde --course $(COURSE) --slurm --per-task $(PER_TASK)
 
 feedback: $(STAMP)
 	$(PY) scripts/course.py feedback --course $(COURSE)
