@@ -17,7 +17,6 @@ import concurrent.futures
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import warnings

@@ -53,3 +53,12 @@ def py():
 def env_pythonpath(monkeypatch):
     """Let worker processes import helper modules from tests/."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+@pytest.fixture(scope="session")
+def fixture_release(tmp_path_factory):
+    """The released (blank) fixture notebook tests/fixtures/00_fixture, made once per session."""
+    from test_pipeline import FIXTURE, STEM, course, ok
+    base = tmp_path_factory.mktemp("fixture-release")
+    ok(course("release", "--solutions", FIXTURE.parent, "--notebooks", base))
+    return base / f"{STEM}.ipynb"

@@ -91,13 +91,6 @@ def grade(tmp_path, subs, *extra):
         return base, {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)}, proc
 
 
-@pytest.fixture(scope="module")
-def fixture_release(tmp_path_factory):
-    base = tmp_path_factory.mktemp("go")
-    ok(course("release", "--solutions", FIXTURE.parent, "--notebooks", base))
-    return base / f"{STEM}.ipynb"
-
-
 def test_every_trick_scores_only_its_honest_work(tmp_path, fixture_release):
     subs = submissions(fixture_release, FIXTURE)
     base, scores, _ = grade(tmp_path, subs)

@@ -6,14 +6,13 @@ import json
 import nbformat
 import psutil
 
-from test_graded_only import fixture_release  # noqa: F401  (a module-scoped fixture)
 from test_pipeline import FIXTURE, STEM, by_id, course
 
 HANG = '%%writefile work/00_add.py\ndef add(a, b):\n    while True:\n        pass\n'
 CRASH = "# solution: double\nimport os\nos._exit(1)  # the kernel dies\n"
 
 
-def test_four_jobs_grade_a_class_and_isolate_failures(tmp_path, fixture_release):  # noqa: F811
+def test_four_jobs_grade_a_class_and_isolate_failures(tmp_path, fixture_release):
     blank, solved = (nbformat.read(p, as_version=4) for p in (fixture_release, FIXTURE))
     hung, crashed = nbformat.read(fixture_release, as_version=4), nbformat.read(FIXTURE, as_version=4)
     by_id(hung)["00_add"].source = HANG

@@ -13,7 +13,6 @@ import pytest
 import local_slurm
 from exercise_utils import launch
 from exercise_utils.ddp_torchrun_fault_tolerance import hello, multinode
-from test_graded_only import fixture_release  # noqa: F401  (a module-scoped fixture)
 from test_pipeline import COURSE, FIXTURE, STEM, by_id
 
 pytestmark = pytest.mark.serial
@@ -29,7 +28,7 @@ def slurm(tmp_path_factory):
         yield cluster
 
 
-def test_a_class_is_graded_by_an_array_job_and_a_merge_job(tmp_path, slurm, fixture_release):  # noqa: F811
+def test_a_class_is_graded_by_an_array_job_and_a_merge_job(tmp_path, slurm, fixture_release):
     blank, solved = (nbformat.read(p, as_version=4) for p in (fixture_release, FIXTURE))
     crashed = nbformat.read(FIXTURE, as_version=4)
     by_id(crashed)["double"].source = CRASH
