@@ -29,7 +29,7 @@ LIMIT = 600        # seconds a check's launch may run while making progress (an 
 
 
 def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HANG_AFTER,
-              what=None, limit=LIMIT):
+              what=None, limit=LIMIT, warm_up=False):
     """Run ``probe(student_module, ctx, **kwargs)`` on every rank; return per-rank results.
 
     Args:
@@ -48,6 +48,10 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
         what: what is being checked, for messages (default: the probe's name).
         limit: seconds of wall time after which ranks that are still making progress are
             stopped (an endless loop); also the gloo group's timeout.
+        warm_up: build a ``torch.optim`` optimizer before the student's code (it imports
+            ``torch._dynamo``: seconds of CPU). Only for probes whose student code runs its own
+            process group with a short timeout (notebook 04): elsewhere a rank that imports
+            between two collectives is making progress, and the others wait for it.
     Returns:
         list: the probe's return value on rank 0, 1, ...
     Raises:
@@ -67,7 +71,7 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
         keys = integrity.make_secrets(tmp, world_size)
         worker_args = ["--student", str(path.resolve()), "--probe", probe, "--kwargs",
                        str(args_file), "--out", tmp, "--backend", backend, "--timeout",
-                       str(limit)]
+                       str(limit), *(["--warm-up"] if warm_up else [])]
         watch = heartbeat.Watch(tmp, world_size, timeout, spinning=backend == "mpi",
                                 reported=lambda: _written(tmp, world_size))
         try:

@@ -115,9 +115,9 @@ def _context(args, rank):
 
 
 def _warm_up():
-    """Import what every probe needs before the student's code starts: the first optimizer
-    imports ``torch._dynamo`` (seconds, more on a busy machine), which would otherwise land
-    between two collectives of one rank while its peers wait."""
+    """Build an optimizer before the student's code starts: the first one imports
+    ``torch._dynamo`` (seconds, more on a busy machine), which would otherwise land between
+    two collectives of a group with a short timeout (``--warm-up``, notebook 04)."""
     import torch
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
@@ -152,7 +152,8 @@ def _run_probe(args, rank, phase):
     phase("init")
     ctx = _context(args, rank)
     phase("start")
-    _warm_up()
+    if args.warm_up:
+        _warm_up()
     module_name, func_name = args.probe.split(":")
     probe = getattr(importlib.import_module(module_name), func_name)
     kwargs = pickle.loads(Path(args.kwargs).read_bytes())
@@ -204,6 +205,7 @@ def main():
     parser.add_argument("--backend", choices=["mpi", "gloo", "none"], default="none")
     parser.add_argument("--timeout", type=float, default=60)
     parser.add_argument("--spawn", type=int, default=0)
+    parser.add_argument("--warm-up", action="store_true", help="import torch._dynamo first")
     args = parser.parse_args()
     sys.exit(spawn(args, args.spawn) if args.spawn else run_one(args))
 

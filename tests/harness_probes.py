@@ -16,3 +16,9 @@ def probe_value(student, ctx):
 
 def probe_world(student, ctx):
     return (ctx.rank, ctx.size, dist.is_initialized() if ctx.backend == "gloo" else None)
+
+
+def probe_dynamo_loaded(student, ctx):
+    """Whether ``torch._dynamo`` (imported by the first optimizer) is loaded when the probe starts."""
+    import sys
+    return "torch._dynamo" in sys.modules

@@ -27,6 +27,15 @@ def test_gloo_results_per_rank(tmp_path):
     assert run_ranks(path, "harness_probes:probe_world", 2, "gloo") == [(0, 2, True), (1, 2, True)]
 
 
+def test_optimizer_warm_up_only_when_asked(tmp_path):
+    """``warm_up=True`` (notebook 04) imports torch._dynamo before the student's code; other
+    checks skip those seconds of CPU per rank."""
+    path = student(tmp_path, "x = 1\n")
+    probe = "harness_probes:probe_dynamo_loaded"
+    assert run_ranks(path, probe, 1, "none") == [False]
+    assert run_ranks(path, probe, 1, "none", warm_up=True) == [True]
+
+
 def test_not_implemented_yet(tmp_path):
     path = student(tmp_path, """
         def reduce(t):

@@ -29,7 +29,7 @@ def check_rank_process(path, timeout=TIMEOUT):
     from ..launch import free_port
     res = run_ranks(path, probes.probe_rank_process, WORLD, "none",
                     kwargs=dict(config=CONFIG, ports=_two_ports(free_port)), timeout=timeout,
-                    what="rank_process with 2 ranks")
+                    what="rank_process with 2 ranks", warm_up=True)
     for rank, out in enumerate(res):
         got = out["returns"]
         if "raised" in got:
@@ -100,7 +100,7 @@ def check_train(path, timeout=TIMEOUT):
     try:
         res = run_ranks(path, probes.probe_train, WORLD, "none",
                         kwargs=dict(config=CONFIG), timeout=timeout,
-                        what="rank_process + train with 2 gloo ranks")
+                        what="rank_process + train with 2 gloo ranks", warm_up=True)
     except AssertionError as err:
         raise AssertionError(str(err) + (HANG_HINT if "hung" in str(err) else "")) from None
     errors = sorted((out["error_time"], rank, out["error"]) for rank, out in enumerate(res)
