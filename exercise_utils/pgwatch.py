@@ -64,11 +64,26 @@ def _method(paths, name, fn):
     return wrapper
 
 
+class _Op:
+    """Stands for an op packet (``torch.ops.c10d.allreduce_``) or one of its overloads
+    (``.default``): calls are seen, every other attribute is the real one's."""
+
+    def __init__(self, paths, name, fn):
+        self._paths, self._name, self._fn = paths, name, fn
+
+    def __call__(self, *args, **kwargs):
+        self._paths.seen(self._name, args)
+        return self._fn(*args, **kwargs)
+
+    def __getattr__(self, attr):
+        value = getattr(self._fn, attr)
+        if callable(value) and type(value).__name__ == "OpOverload":
+            return _Op(self._paths, self._name, value)
+        return value
+
+
 def _op(paths, name, fn):
-    def wrapper(*args, **kwargs):
-        paths.seen(name, args)
-        return fn(*args, **kwargs)
-    return wrapper
+    return _Op(paths, name, fn)
 
 
 @contextlib.contextmanager
@@ -79,6 +94,8 @@ def watching(log):
         log: the recorder's list; hidden calls are appended to it.
     """
     import torch
+    import torch.distributed._functional_collectives  # noqa: F401  registers autograd on the
+    #   _c10d_functional ops at import: it must find the real ops, not the wrappers
     from torch._C import _distributed_c10d as c10d
     paths, undo = Paths(log), []
     for cls in (c10d.ProcessGroup, c10d.Backend):

@@ -22,3 +22,20 @@ def probe_dynamo_loaded(student, ctx):
     """Whether ``torch._dynamo`` (imported by the first optimizer) is loaded when the probe starts."""
     import sys
     return "torch._dynamo" in sys.modules
+
+
+def probe_pgwatch(student, ctx):
+    """Inside ``pgwatch.watching``: an op overload keeps its attributes and its calls are seen,
+    and torch.distributed._functional_collectives imports (it registers on the real ops)."""
+    import importlib
+    import sys
+    from exercise_utils import pgwatch
+    sys.modules.pop("torch.distributed._functional_collectives", None)
+    log = []
+    with pgwatch.watching(log):
+        importlib.import_module("torch.distributed._functional_collectives")
+        overload = torch.ops.c10d.allreduce_.default
+        schema = str(overload._schema).split("(")[0]
+        t = torch.ones(3)
+        dist.all_reduce(t)                      # dist's function -> ProcessGroup.allreduce
+    return schema, [name for name, *_ in log], float(t.sum())

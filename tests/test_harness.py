@@ -36,6 +36,13 @@ def test_optimizer_warm_up_only_when_asked(tmp_path):
     assert run_ranks(path, probe, 1, "none", warm_up=True) == [True]
 
 
+def test_pgwatch_sees_the_process_group_and_keeps_ops_usable(tmp_path):
+    path = student(tmp_path, "x = 1\n")
+    [(schema, names, total)] = run_ranks(path, "harness_probes:probe_pgwatch", 1, "gloo")
+    assert schema == "c10d::allreduce_" and total == 3.0
+    assert "ProcessGroup.allreduce" in names or "torch.ops.c10d.allreduce_" in names, names
+
+
 def test_not_implemented_yet(tmp_path):
     path = student(tmp_path, """
         def reduce(t):
