@@ -3,8 +3,9 @@
 One rank: beat (:mod:`.heartbeat`), take its secret and fingerprint the checker's code
 (:mod:`.integrity`), set up communication (MPI, gloo or none), import the student file, call
 the probe, and write the result (or the error), pickled and signed, to ``OUT/rank{R}.pkl``.
-With ``--spawn N`` it starts N such ranks itself (gloo / none) and stops all of
-them as soon as one fails, so that a crashed rank never leaves the others waiting.
+With ``--spawn N`` it starts N such ranks itself (gloo / none; forked once torch is imported)
+and stops all of them as soon as one fails, so that a crashed rank never leaves the others
+waiting.
 
 Launched by the harness, e.g.::
 
@@ -21,7 +22,7 @@ import importlib
 import importlib.util
 import os
 import pickle
-import subprocess
+import signal
 import sys
 import time
 import traceback
@@ -179,23 +180,56 @@ def _run_probe(args, rank, phase):
 
 
 def spawn(args, n):
-    """Start ``n`` ranks of this worker; stop them all as soon as one fails."""
-    argv = [a for a in sys.argv[1:]]
-    i = argv.index("--spawn")
-    del argv[i:i + 2]
-    procs = [subprocess.Popen([sys.executable, "-m", "exercise_utils.rankworker", *argv],
-                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(n)})
-             for r in range(n)]
-    while True:
-        codes = [p.poll() for p in procs]
-        if any(c not in (None, 0) for c in codes) or all(c == 0 for c in codes):
+    """Start ``n`` ranks of this worker; stop them all as soon as one fails.
+
+    The ranks are forked from this process after it imported torch and the probe's module
+    once: started afresh, every rank spends ~2 s of CPU importing torch (most of a check's
+    cost on 2 cores). Nothing has run on torch before the fork (no threads of its own yet);
+    each rank then beats, takes its secret and sets up its group as a launched one does.
+    """
+    _preload(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pids = []
+    for r in range(n):
+        pid = os.fork()
+        if pid == 0:                                    # the rank
+            os.environ.update(RANK=str(r), WORLD_SIZE=str(n))
+            code = 1
+            try:
+                code = run_one(args)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:  # noqa: BLE001 - report, then leave without cleanup
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids.append(pid)
+    codes = {}
+    while len(codes) < n:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            time.sleep(0.05)
+            continue
+        codes[pid] = os.waitstatus_to_exitcode(status)
+        if codes[pid] != 0:
             break
-        time.sleep(0.05)
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-    return max(abs(c) for c in (p.returncode for p in procs))
+    for pid in pids:
+        if pid not in codes:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            codes[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return max(abs(c) for c in codes.values())
+
+
+def _preload(args):
+    """Import what every rank needs (torch, the probe's module) before the ranks fork."""
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+    importlib.import_module(args.probe.split(":")[0])
 
 
 def main():

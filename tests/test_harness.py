@@ -119,6 +119,28 @@ def test_assert_close_names_rank_tensor_and_size():
 
 
 # ------------------------------------------------ hangs are hangs, not slowness (heartbeat)
+def test_a_rank_s_cpu_leaves_out_the_beating_thread():
+    """The beat's own CPU (a few ms per beat, more on a loaded machine) must not make a blocked
+    rank look busy: a CI run took 218 s to call a 15 s deadlock a hang. Here a thread that
+    burns 1 s of CPU stands for the beating thread, and measures as it does."""
+    import threading
+    import psutil
+    from exercise_utils.heartbeat import _cpu
+    proc, seen = psutil.Process(), {}
+
+    def burn():
+        seen["all"], seen["rank"] = _cpu(proc), _cpu(proc, time.thread_time())
+        end = time.thread_time() + 1.0
+        while time.thread_time() < end:
+            pass
+        seen["all"] = _cpu(proc) - seen["all"]
+        seen["rank"] = _cpu(proc, time.thread_time()) - seen["rank"]
+    worker = threading.Thread(target=burn)
+    worker.start()
+    worker.join()
+    assert seen["all"] > 0.8 and seen["rank"] < 0.2, seen
+
+
 def test_slow_but_busy_ranks_are_not_a_hang(tmp_path):
     """Ranks that compute for three times the hang limit on one line of Python are making
     progress (their CPU time rises): the check waits for them."""

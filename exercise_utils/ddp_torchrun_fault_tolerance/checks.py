@@ -96,7 +96,10 @@ def _worker_errors(output):
     """The workers' own error lines (and injected faults), else the end of the output."""
     keep = [l for l in output.splitlines() if "[fault injection]" in l or
             re.match(r"^\[rank\d+\]: [\w.]*(Error|Exception)\b", l)]
-    return "\n".join(keep[-12:]) if keep else _tail(output)
+    if keep:
+        return "\n".join(keep[-12:])
+    errors = [l for l in output.splitlines() if re.search(r"\b\w*(Error|Exception)\b: ", l)]
+    return "\n".join(errors[-8:] + ["--- last lines ---", _tail(output, 40)])
 
 
 def _require(path):
