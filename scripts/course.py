@@ -264,43 +264,30 @@ def cmd_autograde(args):
     return 0
 
 
-def submission_pairs(course, assignments):
-    """[(assignment, student)] of COURSE/submitted; every student is put in the gradebook, so
-    that one whose grading fails is still exported (score 0)."""
-    from nbgrader.api import Gradebook
-    pairs = [(stem, p.parent.name) for stem in assignments
-             for p in sorted((course / "submitted").glob(f"*/{stem}")) if p.is_dir()]
-    with Gradebook("sqlite:///" + str(course / "gradebook.db")) as gb:
-        for student in sorted({student for _, student in pairs}):
-            gb.update_or_create_student(student)
-    return pairs
-
-
 def grade_on_slurm(course, assignments, args):
     """Submit the class as a SLURM array job plus a dependent merge job (scripts/slurm_grade.py);
     with --wait, wait for both and print the grades."""
     import slurm_grade
-    pairs = submission_pairs(course, assignments)
     env = nbgrader_env()
-    array_id, merge_id = slurm_grade.submit(
-        course, pairs, args.per_task, args.sbatch_arg, args.job_timeout,
-        lambda folder: write_config(folder, args.cell_timeout, not args.whole_notebook), env)
-    grading = course / parallel_grade.JOBS_DIR
-    print(f"slurm: {len(pairs)} submissions in array job {array_id} ({args.per_task} per task); "
-          f"merge job {merge_id} writes {course / 'grades.csv'}; logs in {grading}")
+    pairs = parallel_grade.submission_pairs(course, assignments)
+    ids = slurm_grade.submit(course, pairs, args.per_task, args.sbatch_arg, args.job_timeout,
+                             lambda folder: write_config(folder, args.cell_timeout,
+                                                         not args.whole_notebook), env)
+    print(f"slurm: {len(pairs)} submissions in array job {ids[0]} ({args.per_task} per task); "
+          f"merge job {ids[1]} writes {course / 'grades.csv'}; logs in "
+          f"{course / parallel_grade.JOBS_DIR}")
     if not args.wait:
         return 0
-    if not slurm_grade.wait([array_id, merge_id], env, args.job_timeout * len(pairs) + 600):
-        raise CourseError(f"SLURM jobs {array_id}, {merge_id} still running; see squeue")
+    if not slurm_grade.wait(list(ids), env, args.job_timeout * len(pairs) + 600):
+        raise CourseError(f"SLURM jobs {ids[0]}, {ids[1]} still running; see squeue")
     failed = {tuple(pair) for pair in json.loads((course / "grades.failed.json").read_text())}
     print_grades(course / "grades.csv", failed)
     return 1 if failed else 0
 
 
 def grade_in_parallel(course, assignments, args):
-    """Grade every submission ``args.jobs`` at a time (scripts/parallel_grade.py); return the
-    (assignment, student) pairs that failed."""
-    pairs = submission_pairs(course, assignments)
+    """Grade every submission ``args.jobs`` at a time; return the pairs that failed."""
+    pairs = parallel_grade.submission_pairs(course, assignments)
     print(f"autograde: {len(pairs)} submissions, {args.jobs} at a time", flush=True)
     results = parallel_grade.grade_all(
         course, pairs, args.jobs,

@@ -27,6 +27,19 @@ import psutil
 JOBS_DIR = ".grading"
 
 
+def submission_pairs(course, assignments):
+    """[(assignment, student)] of COURSE/submitted; every student is put in the gradebook, so
+    that one whose grading fails is still exported (score 0)."""
+    from nbgrader.api import Gradebook
+    course = Path(course)
+    pairs = [(stem, p.parent.name) for stem in assignments
+             for p in sorted((course / "submitted").glob(f"*/{stem}")) if p.is_dir()]
+    with Gradebook("sqlite:///" + str(course / "gradebook.db")) as gb:
+        for student in sorted({student for _, student in pairs}):
+            gb.update_or_create_student(student)
+    return pairs
+
+
 def job_folder(course, assignment, student):
     return Path(course) / JOBS_DIR / f"{assignment}--{student}"
 
