@@ -3,11 +3,13 @@
 
     DTFS_QUICK=1 python scripts/grading_bench.py 01 02 03 --out results/grading_quick.json
     python scripts/grading_bench.py --jobs-class 02 --students 4 --out results/grading_jobs.json
+    python scripts/grading_bench.py --slurm-class 08 --students 20 --out results/grading_slurm.json
 
 Each measurement is a fresh course folder with the solution notebook submitted by
 ``--students`` students (default 1), graded with ``scripts/course.py autograde`` (nbgrader
 start-up and generate_assignment included: what an instructor waits for). With
-``--jobs-class NN`` it grades a class of NN's solution with JOBS=1 then JOBS=2 instead.
+``--jobs-class NN`` it grades a class of NN's solution with JOBS=1 then JOBS=2 instead; with
+``--slurm-class NN`` through a one-node SLURM it starts and stops (tests/local_slurm.py; root).
 Results go to JSON and a table; ratios are within one run of this script.
 """
 import argparse
@@ -23,14 +25,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def grade(stem, students, extra):
+def grade(stem, students, extra, env=None):
     with tempfile.TemporaryDirectory(prefix="grading-bench-") as tmp:
         course = Path(tmp) / "course"
         for i in range(students):
             folder = course / "submitted" / f"student{i}" / stem
             folder.mkdir(parents=True)
             (folder / f"{stem}.ipynb").write_text((ROOT / "solutions" / f"{stem}.ipynb").read_text())
-        env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+        env = {**(env or os.environ),
+               "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
         start = time.monotonic()
         proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "autograde",
                                "--course", str(course), *extra], env=env, capture_output=True, text=True)
@@ -50,12 +53,30 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("notebooks", nargs="*", help="notebook numbers (default: all)")
     p.add_argument("--jobs-class", help="grade a class of this notebook with JOBS=1 and JOBS=2")
+    p.add_argument("--slurm-class", help="grade a class of this notebook on a local SLURM")
+    p.add_argument("--per-task", type=int, default=1)
     p.add_argument("--students", type=int, default=1)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     mode = "quick" if os.environ.get("DTFS_QUICK") == "1" else "full"
     rows = []
-    if args.jobs_class:
+    if args.slurm_class:
+        sys.path.insert(0, str(ROOT / "tests"))
+        import local_slurm
+        reason = local_slurm.unavailable()
+        if reason:
+            sys.exit(f"no local SLURM: {reason}")
+        stem = stem_of(args.slurm_class)
+        with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp, \
+                local_slurm.LocalSlurm(tmp) as cluster:
+            seconds, ok, tail = grade(stem, args.students, ["--slurm", "--wait", "--per-task",
+                                                            str(args.per_task)], cluster.env)
+        rows.append({"notebook": stem, "mode": mode, "slurm": True, "students": args.students,
+                     "per_task": args.per_task, "seconds": round(seconds, 1), "ok": ok})
+        print(f"{stem} {mode} SLURM, {args.students} students, {args.per_task} per task: "
+              f"{seconds:.0f} s ({seconds / args.students:.0f} s per submission)"
+              f"{'' if ok else ' FAILED ' + tail}", flush=True)
+    elif args.jobs_class:
         stem = stem_of(args.jobs_class)
         for jobs in (1, 2):
             seconds, ok, tail = grade(stem, args.students, ["--jobs", str(jobs)])
