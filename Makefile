@@ -49,13 +49,14 @@ lab: setup
 demo: setup
 	$(PY) -m exercise_utils.mpi_parallel_sgd.demo
 
-# Two passes: everything but the `serial` tests two at a time (pytest-xdist; checks call a hang
-# a hang only when the ranks stop making progress, so a busy machine only slows them, and the
-# notebook tests assert no timings), then the tests that load the machine themselves or need
-# it quiet (launch wall limits, the loaded-machine test, SLURM), one at a time.
+# Three passes: the checker and unit tests two at a time (pytest-xdist; checks call a hang a
+# hang only when the ranks stop making progress, so a busy machine only slows them), then the
+# notebook runs two at a time (they assert no timings), then the tests that load the machine
+# themselves or need it quiet (launch wall limits, the loaded-machine test, SLURM), one at a time.
 test: setup
-	DTFS_QUICK=1 $(PY) -m pytest tests -n 2 -m "not serial" --durations=15
-	DTFS_QUICK=1 $(PY) -m pytest tests -m "serial" --durations=15
+	DTFS_QUICK=1 $(PY) -m pytest tests -n 2 -m "not notebook and not serial" --durations=15
+	DTFS_QUICK=1 $(PY) -m pytest tests -n 2 -m "notebook" --durations=10
+	DTFS_QUICK=1 $(PY) -m pytest tests -m "serial" --durations=10
 
 release: $(STAMP)
 	$(PY) scripts/course.py release

@@ -38,5 +38,13 @@ def test_four_jobs_grade_a_class_and_isolate_failures(tmp_path, fixture_release)
         graded = tmp_path / "course" / "autograded" / student / STEM / f"{STEM}.ipynb"
         assert "check_add" in json.dumps(json.loads(graded.read_text())["cells"])
     survivors = [p for p in psutil.process_iter(["pid", "cmdline"])
-                 if p.pid not in before and "ipykernel" in " ".join(p.info["cmdline"] or [])]
+                 if p.pid not in before and "ipykernel" in " ".join(p.info["cmdline"] or [])
+                 and _runs_in(p, tmp_path)]    # other tests' kernels may run beside this one
     assert not survivors, survivors        # the hung submission's kernel was killed too
+
+
+def _runs_in(proc, folder):
+    try:
+        return str(folder) in proc.cwd()
+    except psutil.Error:
+        return False
