@@ -82,10 +82,6 @@ class _Op:
         return value
 
 
-def _op(paths, name, fn):
-    return _Op(paths, name, fn)
-
-
 @contextlib.contextmanager
 def watching(log):
     """Wrap the ProcessGroup/Backend methods and the c10d ops; yield :class:`Paths`.
@@ -113,7 +109,7 @@ def watching(log):
                 fn = getattr(ns, op)
             except (AttributeError, RuntimeError):
                 continue
-            setattr(ns, op, _op(paths, f"torch.ops.{space}.{op}", fn))
+            setattr(ns, op, _Op(paths, f"torch.ops.{space}.{op}", fn))
             undo.append((ns, op, fn))
     try:
         yield paths

@@ -18,6 +18,7 @@ The course folder must be on a file system that every node sees, as the course's
 """
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -101,7 +102,7 @@ def merge(course):
         if status == "ok":
             try:
                 parallel_grade.merge(folder, course, assignment, student)
-                parallel_grade.shutil.rmtree(folder, ignore_errors=True)
+                shutil.rmtree(folder, ignore_errors=True)
                 continue
             except Exception as err:
                 status = f"merge failed: {err}"
