@@ -7,8 +7,9 @@ The shared core, which every notebook uses:
 (run a checker's probe against a student file in fresh processes), ``heartbeat`` (tell a
 hang from a slow machine), ``integrity`` (signed results, guarded checker code), ``pgwatch`` (collectives that bypass
 ``torch.distributed``'s functions), ``bench`` (timing,
-tables, JSON and plots), ``notebook_files`` (the ``%%writefile`` files of a notebook) and
-``linebuf`` (line-buffered MPI ranks).
+tables, JSON and plots), ``notebook_files`` (the ``%%writefile`` files of a notebook),
+``linebuf`` (line-buffered MPI ranks) and ``cluster`` (hosts in network namespaces with
+shaped links, on one machine).
 
 One package per notebook, named after the notebook's stem without ``NN_`` (each package's
 docstring lists its modules): ``mpi_parallel_sgd`` (01), ``shared_memory_hogwild`` (02),

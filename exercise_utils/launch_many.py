@@ -19,7 +19,7 @@ from .processes import TAG, cleanup, die_with_parent, remember_children
 
 
 def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo=True,
-             what=None, threads_per_process=None, nprocs=1):
+             what=None, threads_per_process=None, nprocs=1, may_fail=(), transcript=None):
     """Run several commands at the same time (e.g. the torchrun agents of a multi-node job).
 
     Every line of output is printed live with its command's label (``[node a] ...``). When
@@ -39,8 +39,12 @@ def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo
         threads_per_process: OMP/MKL threads per process; default: CPU cores // (total
             processes), at least 1, unless OMP_NUM_THREADS is already set.
         nprocs: processes EACH command starts (for the default above).
+        may_fail: indices of commands whose non-zero exit stops nothing (e.g. an agent a
+            fault injection kills): the others go on, and its result keeps the exit code.
+        transcript: optional list; receives ``(seconds since the start, labelled line)`` for
+            every line, in arrival order (also when the run fails).
     Returns:
-        list[RunResult], one per command, when every command exited with code 0.
+        list[RunResult], one per command, when every other command exited with code 0.
     Raises:
         LaunchTimeout: not all finished within ``timeout``; names those still running.
         LaunchError: a command exited with a non-zero code; names the first that did
@@ -63,7 +67,7 @@ def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo
     start = time.monotonic()
     procs, seen, sel = [], {}, selectors.DefaultSelector()
     lines = [[] for _ in cmds]       # per command, unlabelled
-    merged = []                      # every command, labelled, in arrival order
+    merged = _Stamped(start)         # every command, labelled, in arrival order
     status, failed = "interrupted", None
     try:
         for i, cmd in enumerate(cmds):
@@ -75,11 +79,11 @@ def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo
             sel.register(proc.stdout, selectors.EVENT_READ, (i, [""]))
         while True:
             codes = [p.poll() for p in procs]
-            bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            bad = [i for i, c in enumerate(codes) if c not in (None, 0) and i not in may_fail]
             if bad:
                 status, failed = "failed", bad[0]
                 break
-            if all(c == 0 for c in codes):
+            if all(c == 0 or (c is not None and i in may_fail) for i, c in enumerate(codes)):
                 status = "done"
                 break
             if time.monotonic() - start > timeout:
@@ -106,6 +110,8 @@ def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo
                   file=sys.stderr, flush=True)
     seconds = time.monotonic() - start
     output = "\n".join(merged)
+    if transcript is not None:
+        transcript.extend(zip(merged.times, merged))
     if status == "timeout":
         running = [labels[i] for i, c in enumerate(codes) if c is None]
         raise LaunchTimeout(
@@ -121,6 +127,18 @@ def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo
             f"{_tail(lines[failed])}", cmds[failed], code, output)
     return [RunResult(cmd, p.returncode, "\n".join(out), seconds, killed)
             for cmd, p, out in zip(cmds, procs, lines)]
+
+
+class _Stamped(list):
+    """A list of lines that also keeps when each arrived (seconds since ``start``)."""
+
+    def __init__(self, start):
+        super().__init__()
+        self.start, self.times = start, []
+
+    def append(self, line):
+        self.times.append(time.monotonic() - self.start)
+        super().append(line)
 
 
 def _emit(i, line, lines, merged, labels, echo):

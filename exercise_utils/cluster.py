@@ -1,0 +1,365 @@
+"""A cluster on one machine: hosts with their own network stack, joined by shaped links.
+
+Each *host* is a Linux network namespace with one interface, ``eth0``, and its own address
+(10.42.0.1, 10.42.0.2, ...). The hosts' cables (veth pairs) meet at a switch (a bridge in one
+more namespace), so the machine's own network is never touched and runs never collide. Each
+host's link can be shaped to a rate in both directions (``tc ... tbf``: a token bucket,
+e.g. ``100mbit``, ``1gbit``, ``10gbit``; ``None`` leaves it unshaped: then a veth moves about
+10 Gbit/s on a laptop). This kernel-level shaping limits bandwidth only: there is no added
+delay (``netem`` is not available everywhere), so small messages cost what they cost on the
+machine, large ones what the link allows.
+
+Each host also has its own hostname, ``h0``, ``h1``, ... (a UTS namespace), which every host
+resolves to that host's address (a per-namespace ``/etc/hosts``, which ``ip netns exec``
+mounts): torchrun's c10d rendezvous (its workers' MASTER_ADDR is the first agent's hostname)
+and gloo find their addresses exactly as on a real cluster, without extra settings. Commands run on a host through :mod:`exercise_utils.launch` (live output, a
+hard timeout, every process killed at the end).
+
+Needs Linux, root (``sudo``; Colab runs as root) and ``ip``/``tc`` (Debian: ``iproute2``).
+Otherwise :class:`ClusterUnavailable` says why and what to do, and the notebooks fall back
+to their loopback version. Namespaces are named ``dtfs-<pid>-<id>-...``: :meth:`Cluster.down`
+removes them (also on errors and Ctrl-C, and at interpreter exit), and every new cluster first
+removes those whose creating process is dead (``python -m exercise_utils.cluster cleanup``
+does it by hand)::
+
+    with cluster.Cluster(2, rate="100mbit") as c:
+        c.run(c.hosts[0], ["python", "-c", "import socket; print(socket.gethostname())"])
+        print(c.measure(c.hosts[0], c.hosts[1]), "Mbit/s")
+
+Used in 03_torch_distributed_collectives, 05_ddp_torchrun_fault_tolerance,
+06_build_your_own_ddp and 08_bonus_powersgd.
+"""
+import atexit
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "dtfs-"              # every namespace this module creates starts with it
+SUBNET = "10.42.0"            # host i has SUBNET.(i + 1)/24; namespaces keep runs apart
+NETNS_ETC = Path("/etc/netns")
+UTS_DIR = Path("/run/dtfs-uts")  # one file per host: its UTS namespace (hostname)
+UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+_LIVE = set()                 # clusters up in this process, torn down at exit
+
+
+class ClusterUnavailable(RuntimeError):
+    """This machine cannot make network namespaces (not root, not Linux, no iproute2)."""
+
+
+def rate_bits(rate):
+    """Bits per second of a link rate: ``"100mbit"`` -> 1e8; ``None``/``"unshaped"`` -> None.
+
+    Raises:
+        ValueError: not ``<number>kbit|mbit|gbit``.
+    """
+    if rate in (None, "unshaped"):
+        return None
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(kbit|mbit|gbit)", str(rate).strip().lower())
+    if not found:
+        raise ValueError(f"link rate {rate!r}: expected e.g. '100mbit', '1gbit', '10gbit' "
+                         "or None (unshaped)")
+    return float(found[1]) * UNITS[found[2]]
+
+
+def unavailable_reason():
+    """Why this machine cannot run a :class:`Cluster` (a sentence with the fix), or None."""
+    if not sys.platform.startswith("linux"):
+        return f"network namespaces need Linux (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return ("network namespaces need root: run Jupyter (or the tests) with sudo, or use "
+                "Colab, which runs as root")
+    missing = [tool for tool in ("ip", "tc", "unshare", "nsenter") if not shutil.which(tool)]
+    if missing:
+        return (f"{' and '.join(missing)} not found: install iproute2 and util-linux "
+                "(sudo apt-get install iproute2 util-linux)")
+    probe = f"{PREFIX}probe-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return (f"`ip netns add` failed ({made.stderr.strip()}): this container may lack "
+                "CAP_SYS_ADMIN (docker: --privileged)")
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+def require():
+    """Raise :class:`ClusterUnavailable` with the reason and the fix unless clusters work."""
+    reason = unavailable_reason()
+    if reason:
+        raise ClusterUnavailable(f"cannot start a cluster on this machine: {reason}. The "
+                                 "notebooks then run the loopback version (one network stack).")
+
+
+@dataclass
+class Host:
+    """One host: its namespace ``netns``, its address, and its name ``h<index>``."""
+    index: int
+    netns: str
+    address: str
+
+    @property
+    def name(self):
+        return f"h{self.index}"
+
+    @property
+    def uts(self):
+        return UTS_DIR / self.netns
+
+    def wrap(self, cmd):
+        """``cmd`` (a list) run on this host: its network (and /etc/hosts), its hostname."""
+        return ["ip", "netns", "exec", self.netns, "nsenter", f"--uts={self.uts}",
+                *map(str, cmd)]
+
+
+class Cluster:
+    """``hosts`` hosts on a switch, each link shaped to ``rate`` (see the module docstring).
+
+    Args:
+        hosts: number of hosts (2 to 200).
+        rate: each host's link rate in both directions (``"100mbit"``, ``"1gbit"``, ...;
+            None: unshaped). Change it later with :meth:`shape`.
+    Raises:
+        ClusterUnavailable: not root, not Linux or no iproute2 (the message says what to do).
+    """
+
+    def __init__(self, hosts=2, rate=None):
+        if not 2 <= int(hosts) <= 200:
+            raise ValueError(f"a cluster needs 2 to 200 hosts, got {hosts}")
+        rate_bits(rate)
+        self.rate = rate
+        run_id = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.switch = f"{run_id}-sw"
+        self.hosts = [Host(i, f"{run_id}-h{i}", f"{SUBNET}.{i + 1}") for i in range(int(hosts))]
+        self._up = False
+
+    # ------------------------------------------------------------------ up and down
+    def __enter__(self):
+        return self.up()
+
+    def __exit__(self, *exc):
+        self.down()
+
+    def up(self):
+        """Create the switch, the hosts and their links; return self."""
+        require()
+        remove_stale()
+        _LIVE.add(self)
+        self._up = True
+        try:
+            _ip("netns", "add", self.switch)
+            _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+            _ip("-n", self.switch, "link", "set", "br0", "up")
+            for host in self.hosts:
+                self._add(host)
+            self.shape(self.rate)
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _add(self, host):
+        _ip("netns", "add", host.netns)
+        port = f"p{host.index}"
+        _ip("link", "add", "eth0", "netns", host.netns, "type", "veth",
+            "peer", "name", port, "netns", self.switch)
+        _ip("-n", self.switch, "link", "set", port, "master", "br0")
+        _ip("-n", self.switch, "link", "set", port, "up")
+        _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
+        _ip("-n", host.netns, "link", "set", "eth0", "up")
+        _ip("-n", host.netns, "link", "set", "lo", "up")
+        etc = NETNS_ETC / host.netns
+        etc.mkdir(parents=True, exist_ok=True)
+        # the v4-mapped IPv6 form too: c10d reverse-resolves its peers from IPv6 sockets
+        names = ["127.0.0.1 localhost"] + [f"{a}{h.address} {h.name}" for h in self.hosts
+                                           for a in ("", "::ffff:")]
+        (etc / "hosts").write_text("\n".join(names) + "\n")
+        UTS_DIR.mkdir(parents=True, exist_ok=True)
+        host.uts.touch()
+        _run(["unshare", f"--uts={host.uts}", sys.executable, "-c",
+              f"import socket; socket.sethostname({host.name!r})"])
+
+    def down(self):
+        """Kill every process on the hosts, delete every namespace and its files. Idempotent.
+
+        Raises:
+            RuntimeError: a namespace could not be deleted (named, with the error).
+        """
+        if not self._up:
+            return
+        self._up = False
+        _LIVE.discard(self)
+        problems = [p for ns in [h.netns for h in self.hosts] + [self.switch]
+                    for p in [_remove(ns)] if p]
+        if problems:
+            raise RuntimeError("cluster teardown left: " + "; ".join(problems))
+
+    # ------------------------------------------------------------------ links
+    def shape(self, rate):
+        """Shape every host's link to ``rate`` in both directions (None: unshaped)."""
+        bits = rate_bits(rate)
+        self.rate = rate
+        for host in self.hosts:
+            for netns, dev in ((host.netns, "eth0"), (self.switch, f"p{host.index}")):
+                if bits is None:
+                    subprocess.run(["tc", "-n", netns, "qdisc", "del", "dev", dev, "root"],
+                                   capture_output=True)
+                    continue
+                # the bucket must hold at least one timer tick of traffic (and 64 kB)
+                burst = max(64_000, int(bits / 8 / 250))
+                _run(["tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf",
+                      "rate", f"{bits:.0f}bit", "burst", str(burst), "latency", "100ms"])
+
+    # ------------------------------------------------------------------ running commands
+    def run(self, host, cmd, **kwargs):
+        """Run ``cmd`` on ``host`` with :func:`exercise_utils.launch.run` (same kwargs)."""
+        from . import launch
+        kwargs.setdefault("what", f"`{' '.join(map(str, cmd))}` on {host.name}")
+        kwargs["env"] = {**self.env(), **(kwargs.get("env") or {})}
+        return launch.run(host.wrap(cmd), **kwargs)
+
+    def run_many(self, jobs, **kwargs):
+        """Run ``[(host, cmd), ...]`` at the same time, labelled with the hosts' names, with
+        :func:`exercise_utils.launch_many.run_many` (same kwargs)."""
+        from . import launch_many
+        kwargs.setdefault("labels", [host.name for host, _ in jobs])
+        kwargs["env"] = {**self.env(), **(kwargs.get("env") or {})}
+        return launch_many.run_many([host.wrap(cmd) for host, cmd in jobs], **kwargs)
+
+    def env(self):
+        """Environment for commands on the hosts: MASTER_ADDR is host 0's address."""
+        return {"MASTER_ADDR": self.hosts[0].address}
+
+    def measure(self, src, dst, mbytes=20, timeout=60):
+        """Send ``mbytes`` MB over TCP from ``src`` to ``dst``; return the rate in Mbit/s."""
+        port = "5201"
+        server = [sys.executable, "-m", "exercise_utils.cluster", "serve", port]
+        client = [sys.executable, "-m", "exercise_utils.cluster", "send", dst.address, port,
+                  str(mbytes)]
+        results = self.run_many([(dst, server), (src, client)], timeout=timeout, echo=False,
+                                what=f"the {mbytes} MB transfer {src.name} -> {dst.name}")
+        return json.loads(results[1].output.strip().splitlines()[-1])["mbit_per_s"]
+
+
+# ---------------------------------------------------------------------- helpers
+def _run(cmd, check=True):
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()}")
+    return proc
+
+
+def _ip(*args, check=True):
+    return _run(["ip", *args], check)
+
+
+def _remove(netns):
+    """Kill the processes in ``netns``, delete it and its /etc/netns files; a problem or ''."""
+    pids = _ip("netns", "pids", netns, check=False).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), 9)
+        except (ProcessLookupError, ValueError):
+            pass
+    shutil.rmtree(NETNS_ETC / netns, ignore_errors=True)
+    uts = UTS_DIR / netns
+    if uts.exists():
+        _run(["umount", str(uts)], check=False)
+        uts.unlink(missing_ok=True)
+    for _ in range(50):
+        gone = _ip("netns", "del", netns, check=False)
+        if netns not in namespaces():
+            return ""
+        time.sleep(0.1)
+    return f"{netns} ({gone.stderr.strip()})"
+
+
+def namespaces(prefix=PREFIX):
+    """Names of the network namespaces starting with ``prefix``."""
+    out = _ip("netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
+
+
+def remove_stale():
+    """Delete the ``dtfs-<pid>-...`` namespaces whose creating process is gone.
+
+    Returns:
+        list[str]: the namespaces deleted.
+    """
+    stale = []
+    for ns in namespaces():
+        found = re.match(rf"{PREFIX}(?:probe-)?(\d+)-", ns)
+        if found and not _alive(int(found[1])):
+            _remove(ns)
+            stale.append(ns)
+    return stale
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+@atexit.register
+def _down_all():
+    for c in list(_LIVE):
+        try:
+            c.down()
+        except RuntimeError as err:
+            print(err, file=sys.stderr)
+
+
+# ---------------------------------------------------------------------- rate measurement
+def _serve(port):
+    with socket.create_server(("0.0.0.0", int(port)), reuse_port=True) as srv:
+        conn, _ = srv.accept()
+        with conn:
+            while conn.recv(1 << 20):
+                pass
+            conn.sendall(b"k")
+
+
+def _send(address, port, mbytes):
+    deadline = time.monotonic() + 20
+    while True:                          # the server may still be starting
+        try:
+            conn = socket.create_connection((address, int(port)), timeout=30)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    chunk, total = b"\0" * (1 << 20), int(float(mbytes) * 1e6)
+    with conn:
+        start, sent = time.perf_counter(), 0
+        while sent < total:
+            conn.sendall(chunk[:min(len(chunk), total - sent)])
+            sent += min(len(chunk), total - sent)
+        conn.shutdown(socket.SHUT_WR)
+        conn.recv(1)                    # the receiver has read everything
+        seconds = time.perf_counter() - start
+    print(json.dumps({"bytes": total, "seconds": seconds, "mbit_per_s": total * 8 / seconds / 1e6}))
+
+
+if __name__ == "__main__":
+    usage = ("python -m exercise_utils.cluster cleanup | serve PORT | send ADDRESS PORT MBYTES")
+    what = sys.argv[1] if len(sys.argv) > 1 else ""
+    if what == "cleanup":
+        print("removed:", remove_stale() or "nothing")
+    elif what == "serve" and len(sys.argv) == 3:
+        _serve(sys.argv[2])
+    elif what == "send" and len(sys.argv) == 5:
+        _send(*sys.argv[2:])
+    else:
+        sys.exit(usage)
