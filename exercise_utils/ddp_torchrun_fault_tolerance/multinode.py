@@ -27,7 +27,7 @@ LABELS = ("node a", "node b")
 
 
 def agent_command(script, nnodes, nproc_per_node, endpoint, rdzv_id, args=(), module=False,
-                  max_restarts=0, python=None):
+                  max_restarts=0, python=None, extra=()):
     """One torchrun agent's command (a list), as run on each node of the job.
 
     Args:
@@ -42,6 +42,7 @@ def agent_command(script, nnodes, nproc_per_node, endpoint, rdzv_id, args=(), mo
         python: interpreter (default: this one, i.e. ``python -m torch.distributed.run``,
             which is what the ``torchrun`` console script runs); ``"torchrun"`` writes
             ``torchrun`` instead.
+        extra: more torchrun options (e.g. ``["--rdzv-conf=join_timeout=20"]``).
     Returns:
         list[str].
     """
@@ -49,7 +50,7 @@ def agent_command(script, nnodes, nproc_per_node, endpoint, rdzv_id, args=(), mo
             else [python or sys.executable, "-m", "torch.distributed.run"])
     return [*head, f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
-            f"--max-restarts={max_restarts}", *(["-m"] if module else []),
+            f"--max-restarts={max_restarts}", *map(str, extra), *(["-m"] if module else []),
             str(script), *map(str, args)]
 
 
@@ -88,6 +89,28 @@ def two_agents(script, nproc_per_node=1, args=(), module=False, timeout=TIMEOUT,
     return launch_many.run_many(cmds, timeout=timeout, labels=LABELS, echo=echo,
                            nprocs=nproc_per_node,
                            what=f"the two-agent job ({rdzv_id}, rendezvous {endpoint})")
+
+
+def two_hosts(cluster, script, nproc_per_node=1, args=(), timeout=TIMEOUT, echo=True,
+              port=29400):
+    """Run a two-node torchrun job on two hosts of an :class:`exercise_utils.cluster.Cluster`.
+
+    One agent per host (``h0`` and ``h1``, each with its own address and network stack), the
+    c10d rendezvous on ``h0:<port>``, gloo over the (shaped) link: exactly the commands of a
+    real two-machine job. Output lines are labelled ``[h0]`` / ``[h1]``.
+
+    Returns:
+        list[launch.RunResult]: h0's and h1's.
+    Raises:
+        launch.LaunchError / launch.LaunchTimeout: as :func:`two_agents`.
+    """
+    rdzv_id = f"dtfs-{uuid.uuid4().hex[:8]}"
+    hosts = cluster.hosts[:2]
+    cmd = agent_command(script, 2, nproc_per_node, f"{hosts[0].name}:{port}", rdzv_id, args)
+    if echo:
+        print(f"[h0, h1] $ {display(cmd)}", flush=True)
+    return cluster.run_many([(h, cmd) for h in hosts], timeout=timeout, echo=echo,
+                            nprocs=nproc_per_node, what=f"the two-host job ({rdzv_id})")
 
 
 def display(cmd):

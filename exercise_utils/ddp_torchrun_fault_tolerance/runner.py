@@ -10,7 +10,9 @@ Fault injection (first attempt only, i.e. ``TORCHELASTIC_RESTART_COUNT`` is 0):
 ``--crash-at-step N`` kills rank ``--crash-rank`` right after optimizer step N;
 ``--crash-in-save K`` makes rank 0's K-th ``torch.save`` to a file write half of its bytes to it
 it was given and then kills the process (a crash during a write). torchrun then restarts
-every worker (``--max-restarts``) and they resume from the snapshot.
+every worker (``--max-restarts``) and they resume from the snapshot. ``--kill-node-at-step N``
+kills a whole node, once: after step N a worker of node ``--kill-node`` (its GROUP_RANK)
+writes ``<snapshot>.node_died`` and kills its torchrun agent and every worker of the node.
 
 At the end rank 0 writes ``--out``: the final model state, the trainer's counters (and the
 scheduler's step count) and every rank's parameter checksum (replicas must agree). Used in 05_ddp_torchrun_fault_tolerance.
@@ -47,6 +49,8 @@ class RunConfig:
     crash_at_step: int = -1         # fault injection (see the module docstring); -1 = never
     crash_rank: int = 1
     crash_in_save: int = -1
+    kill_node_at_step: int = -1     # the node GROUP_RANK kill_node dies after this step (once)
+    kill_node: int = 1
 
 
 def parse_args(argv=None):
@@ -73,6 +77,33 @@ def fault_point(trainer):
     c = trainer.config
     if attempt() == 0 and trainer.step == c.crash_at_step and trainer.rank == c.crash_rank:
         _die(f"[fault injection] rank {trainer.rank} killed after step {trainer.step}")
+    if trainer.step == c.kill_node_at_step and os.environ.get("GROUP_RANK") == str(c.kill_node):
+        _kill_node(trainer)
+
+
+def node_died_marker(snapshot):
+    """The file a node's death writes (``--kill-node-at-step``): it happens only once."""
+    return f"{snapshot}.node_died"
+
+
+def _kill_node(trainer):
+    """Kill this worker's torchrun agent and all its workers, as if the machine died."""
+    import time
+    import psutil
+    marker = node_died_marker(trainer.config.snapshot)
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return                                   # it died once already: this is its successor
+    with open(marker, "w") as f:
+        f.write(str(time.time()))
+    agent = psutil.Process(os.getppid())
+    print(f"[fault injection] node {os.environ['GROUP_RANK']} dies after step {trainer.step}: "
+          f"its torchrun agent (pid {agent.pid}) and its workers are killed", flush=True)
+    for proc in [agent, *agent.children(recursive=True)]:
+        if proc.pid != os.getpid():
+            proc.kill()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def file_on_disk(f):
