@@ -150,3 +150,24 @@ def assert_experiment_rows(rows, tmp_path):
     assert "yours r=1" in text and "torch r=2" in text and "uncompressed" in text
     pe.plot(rows, tmp_path / "08.png")
     assert (tmp_path / "08.png").stat().st_size > 1000
+
+
+def test_network_fit_recovers_the_step_cost_model_and_the_break_even_rate():
+    """t = c + V / R at 100 Mbit/s and 1 Gbit/s gives back c and V, and the break-even rate
+    (R* = (V_u - V_p) / (c_p - c_u)) is where both methods take equally long."""
+    from exercise_utils.bonus_powersgd import network
+    cost = {"uncompressed": (0.004, 8 * 87e3), "PowerSGD r=2": (0.006, 8 * 7e3)}
+    rows = [{"method": "uncompressed" if label == "uncompressed" else "powersgd",
+             "rank": None if label == "uncompressed" else 2, "rate": rate,
+             "step_s": c + v / network.BITS[rate], "bytes_per_step": v / 8}
+            for label, (c, v) in cost.items() for rate in ("100mbit", "1gbit")]
+    lines = network.fit(rows)
+    for label, (c, v) in cost.items():
+        assert lines[label] == pytest.approx((c, v), rel=1e-6)
+    even = network.break_even(lines, "PowerSGD r=2")
+    assert even == pytest.approx(8 * 80e3 / 0.002)
+    t = {label: c + v / even for label, (c, v) in cost.items()}
+    assert t["uncompressed"] == pytest.approx(t["PowerSGD r=2"])
+    assert "| PowerSGD r=2 | 6.6 (1.7x) | 6.1 (0.8x) | 7.0 kB | 0.32 Gbit/s |" in network.table(rows)
+    cheap = {**lines, "PowerSGD r=2": (0.003, 8 * 7e3)}       # cheaper off the link too
+    assert network.break_even(cheap, "PowerSGD r=2") is None

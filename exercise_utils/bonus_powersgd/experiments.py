@@ -115,13 +115,14 @@ def train_one(args, method, r, student, train, test, rank, k):
     sampler = DistributedSampler(data, num_replicas=k, rank=rank, shuffle=True, seed=SEED)
     loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=MOMENTUM)
-    step, losses, start = 0, [], time.perf_counter()
+    step, losses, start, step_times = 0, [], time.perf_counter(), []
     with ByteCounter() as counter:
         for epoch in range(args.epochs):
             sampler.set_epoch(epoch)
             net.train()
             seen = torch.zeros(2)
             for x, y in loader:
+                began = time.perf_counter()
                 opt.zero_grad()
                 loss = F.nll_loss(model(x), y)
                 loss.backward()                    # DDP: its hook all-reduces here
@@ -131,6 +132,7 @@ def train_one(args, method, r, student, train, test, rank, k):
                     else:
                         compressor.reduce()
                 opt.step()
+                step_times.append(time.perf_counter() - began)
                 seen += torch.tensor([loss.item() * len(y), len(y)])
                 step += 1
             counter.original(seen)                 # bookkeeping: not counted
@@ -140,7 +142,8 @@ def train_one(args, method, r, student, train, test, rank, k):
            "start_iter": args.start_iter if method != "uncompressed" else None,
            "bytes_per_worker": counter.bytes, "uncompressed_bytes": 4 * numel * step,
            "compression": 4 * numel * step / max(1, counter.bytes), "train_loss": losses,
-           "train_s": train_s, "train_size": len(train), "test_size": len(test)}
+           "train_s": train_s, "train_size": len(train), "test_size": len(test),
+           "step_times": step_times}
     if rank == 0:
         net.eval()
         with torch.no_grad():
