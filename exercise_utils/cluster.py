@@ -232,6 +232,24 @@ class Cluster:
         kwargs["env"] = {**self.env(), **(kwargs.get("env") or {})}
         return launch_many.run_many([host.wrap(cmd) for host, cmd in jobs], **kwargs)
 
+    def torchrun_command(self, script, nproc_per_node=1, args=(), module=False, extra=(),
+                         rdzv_id="dtfs-job", port=29400):
+        """The torchrun agent command every host runs for one job over all the hosts, with
+        the c10d rendezvous on ``h0:<port>`` (arguments: :func:`exercise_utils.launch.agent_command`)."""
+        from .launch import agent_command
+        return agent_command(script, len(self.hosts), nproc_per_node,
+                             f"{self.hosts[0].name}:{port}", rdzv_id, args, module, extra=extra)
+
+    def torchrun(self, script, nproc_per_node=1, args=(), module=False, extra=(),
+                 rdzv_id="dtfs-job", **kwargs):
+        """Run one torchrun job with an agent on every host (:meth:`torchrun_command`);
+        ``kwargs`` as :meth:`run_many`. Returns the hosts' results."""
+        cmd = self.torchrun_command(script, nproc_per_node, args, module, extra, rdzv_id)
+        kwargs.setdefault("nprocs", nproc_per_node)
+        # a fresh store for each attempt's workers (see exercise_utils.launch.torchrun)
+        kwargs["env"] = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(kwargs.get("env") or {})}
+        return self.run_many([(host, cmd) for host in self.hosts], **kwargs)
+
     def env(self):
         """Environment for commands on the hosts: MASTER_ADDR is host 0's address."""
         return {"MASTER_ADDR": self.hosts[0].address}

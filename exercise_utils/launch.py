@@ -274,6 +274,34 @@ def mpiexec(script, n, args=(), module=False, label=True, **kwargs):
     return run(cmd, nprocs=int(n), **kwargs)
 
 
+def agent_command(script, nnodes, nproc_per_node, endpoint, rdzv_id, args=(), module=False,
+                  max_restarts=0, python=None, extra=()):
+    """One torchrun agent's command (a list), as run on each node of the job.
+
+    Args:
+        script: the training script (or module name with ``module=True``).
+        nnodes: number of nodes (agents) in the job.
+        nproc_per_node: workers this agent starts.
+        endpoint: ``HOST:PORT`` of the rendezvous (the same on every node).
+        rdzv_id: job id, the same on every node (separates jobs sharing an endpoint).
+        args: the script's arguments.
+        module: run ``script`` as ``python -m script`` (torchrun's ``-m``).
+        max_restarts: worker-group restarts before the agent gives up.
+        python: interpreter (default: this one, i.e. ``python -m torch.distributed.run``,
+            which is what the ``torchrun`` console script runs); ``"torchrun"`` writes
+            ``torchrun`` instead.
+        extra: more torchrun options (e.g. ``["--rdzv-conf=join_timeout=20"]``).
+    Returns:
+        list[str].
+    """
+    head = (["torchrun"] if python == "torchrun"
+            else [python or sys.executable, "-m", "torch.distributed.run"])
+    return [*head, f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
+            f"--max-restarts={max_restarts}", *map(str, extra), *(["-m"] if module else []),
+            str(script), *map(str, args)]
+
+
 def torchrun(script, nproc, args=(), nnodes=1, port=None, extra=(), **kwargs):
     """Run ``torchrun --nproc-per-node N script args...`` on a fresh free port.
 

@@ -20,38 +20,11 @@ import sys
 import uuid
 
 from .. import launch, launch_many
+from ..launch import agent_command   # one torchrun agent's command (in the core: the cluster uses it too)
 from ..config import quick
 
 TIMEOUT = quick(120, 60)   # seconds for a whole two-agent job (both agents together)
 LABELS = ("node a", "node b")
-
-
-def agent_command(script, nnodes, nproc_per_node, endpoint, rdzv_id, args=(), module=False,
-                  max_restarts=0, python=None, extra=()):
-    """One torchrun agent's command (a list), as run on each node of the job.
-
-    Args:
-        script: the training script (or module name with ``module=True``).
-        nnodes: number of nodes (agents) in the job.
-        nproc_per_node: workers this agent starts.
-        endpoint: ``HOST:PORT`` of the rendezvous (the same on every node).
-        rdzv_id: job id, the same on every node (separates jobs sharing an endpoint).
-        args: the script's arguments.
-        module: run ``script`` as ``python -m script`` (torchrun's ``-m``).
-        max_restarts: worker-group restarts before the agent gives up.
-        python: interpreter (default: this one, i.e. ``python -m torch.distributed.run``,
-            which is what the ``torchrun`` console script runs); ``"torchrun"`` writes
-            ``torchrun`` instead.
-        extra: more torchrun options (e.g. ``["--rdzv-conf=join_timeout=20"]``).
-    Returns:
-        list[str].
-    """
-    head = (["torchrun"] if python == "torchrun"
-            else [python or sys.executable, "-m", "torch.distributed.run"])
-    return [*head, f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
-            f"--max-restarts={max_restarts}", *map(str, extra), *(["-m"] if module else []),
-            str(script), *map(str, args)]
 
 
 def two_agents(script, nproc_per_node=1, args=(), module=False, timeout=TIMEOUT, echo=True,
@@ -91,26 +64,25 @@ def two_agents(script, nproc_per_node=1, args=(), module=False, timeout=TIMEOUT,
                            what=f"the two-agent job ({rdzv_id}, rendezvous {endpoint})")
 
 
-def two_hosts(cluster, script, nproc_per_node=1, args=(), timeout=TIMEOUT, echo=True,
-              port=29400):
-    """Run a two-node torchrun job on two hosts of an :class:`exercise_utils.cluster.Cluster`.
+def two_hosts(cluster, script, nproc_per_node=1, args=(), timeout=TIMEOUT, echo=True):
+    """Run a torchrun job on the two hosts of an :class:`exercise_utils.cluster.Cluster`.
 
     One agent per host (``h0`` and ``h1``, each with its own address and network stack), the
-    c10d rendezvous on ``h0:<port>``, gloo over the (shaped) link: exactly the commands of a
-    real two-machine job. Output lines are labelled ``[h0]`` / ``[h1]``.
+    c10d rendezvous on ``h0``, gloo over the (shaped) link: exactly the commands of a real
+    two-machine job. Output lines are labelled ``[h0]`` / ``[h1]``.
 
     Returns:
         list[launch.RunResult]: h0's and h1's.
     Raises:
         launch.LaunchError / launch.LaunchTimeout: as :func:`two_agents`.
     """
-    rdzv_id = f"dtfs-{uuid.uuid4().hex[:8]}"
-    hosts = cluster.hosts[:2]
-    cmd = agent_command(script, 2, nproc_per_node, f"{hosts[0].name}:{port}", rdzv_id, args)
+    if len(cluster.hosts) != 2:
+        raise ValueError(f"two_hosts needs a cluster of 2 hosts, not {len(cluster.hosts)}")
     if echo:
-        print(f"[h0, h1] $ {display(cmd)}", flush=True)
-    return cluster.run_many([(h, cmd) for h in hosts], timeout=timeout, echo=echo,
-                            nprocs=nproc_per_node, what=f"the two-host job ({rdzv_id})")
+        print(f"[h0, h1] $ {display(cluster.torchrun_command(script, nproc_per_node, args))}",
+              flush=True)
+    return cluster.torchrun(script, nproc_per_node, args, timeout=timeout, echo=echo,
+                            what="the two-host job")
 
 
 def display(cmd):
