@@ -141,3 +141,33 @@ def test_recording_dataset_loses_no_read_when_workers_race():
     reads, counts = data.reads()
     assert int(counts[1]) == workers * times
     assert sorted(len(seq) for seq in reads.values()) == [times] * workers
+
+
+def _quick_exit():
+    pass
+
+
+def test_workers_together_counts_start_and_join_calls_not_processes_seen_alive():
+    """On a busy machine a worker may finish before the next one starts (seen in CI: "at most
+    2 worker process(es) were running at the same time" for a correct start-all-then-join-all
+    file). The count comes from the order of the calls, so timing cannot change it."""
+    import multiprocessing
+    import time
+    from exercise_utils.shared_memory_hogwild.probes import StartJoinCounter
+    ctx = multiprocessing.get_context("fork")
+    with StartJoinCounter() as together:
+        procs = [ctx.Process(target=_quick_exit) for _ in range(3)]
+        for p in procs:
+            p.start()
+            time.sleep(0.3)               # each worker is long gone before the next starts
+        for p in procs:
+            p.join()
+    assert together.most == 3
+    with StartJoinCounter() as one_by_one:
+        for _ in range(3):
+            p = ctx.Process(target=_quick_exit)
+            p.start()
+            p.join()
+    assert one_by_one.most == 1
+    from multiprocessing.process import BaseProcess
+    assert BaseProcess.start.__qualname__ == "BaseProcess.start"      # restored afterwards

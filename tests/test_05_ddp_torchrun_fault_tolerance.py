@@ -212,7 +212,7 @@ def assert_node_failure(found):
 
 def assert_hang_ends_by_the_gloo_timeout_and_leaves_no_process(hang):
     assert hang["hung"] and hang["killed_by"] == "gloo timeout", hang
-    assert ddp_join.gloo_timeout(hang["error"]), hang["error"]
+    assert ddp_join.is_gloo_timeout(hang["error"]), hang["error"]
     long_, short = hang["batches"]
     assert long_ > short, hang            # the 70/30 split: rank 0 has more batches
     assert hang["waits"][0] == (f"stuck in DDP's gradient all-reduce of batch {short + 1} "

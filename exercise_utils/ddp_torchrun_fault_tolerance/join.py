@@ -50,7 +50,7 @@ TIMEOUT = quick(120, 90)   # launcher limit of one demo (far above the gloo time
 OUT = "results/05/ddp_join.json"   # rank 0's JSON result
 
 
-def gloo_timeout(text):
+def is_gloo_timeout(text):
     """Whether a gloo error is its timeout, in either wording: "Timed out waiting ... for recv
     operation to complete" or "Application timeout caused pair closure" (seen in CI)."""
     return "Timed out" in text or "timeout" in text
@@ -181,12 +181,12 @@ def demo(mode, timeout=TIMEOUT, echo=True, gloo_timeout=GLOO_TIMEOUT, out_dir="r
     except launch.LaunchError as err:
         found = re.findall(r"\[rank (\d+)\] (stuck[^:\n]*|ran all[^:\n]*): "
                            r"((?:(?!\[rank \d+\] )[^\n])*)", err.output)   # cf. wait_reports, 03
-        if mode != "hang" or not any(gloo_timeout(text) for _, _, text in found):
+        if mode != "hang" or not any(is_gloo_timeout(text) for _, _, text in found):
             raise                               # not the expected deadlock: do not hide it
         waits = {int(r): where for r, where, _ in found}
         nums = [[int(n) for n in re.findall(r"\d+", waits[r])] for r in sorted(waits)]
         result.update(hung=True, killed_by="gloo timeout", waits=waits,
-                      error=next(text for _, _, text in found if gloo_timeout(text)),
+                      error=next(text for _, _, text in found if is_gloo_timeout(text)),
                       batches=[n[-1] for n in nums],      # "batch 7 of its 14" / "all its 6"
                       steps=[n[0] - 1 if len(n) == 2 else n[0] for n in nums])
     result["launch_seconds"] = time.monotonic() - start

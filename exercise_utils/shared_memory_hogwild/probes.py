@@ -133,27 +133,36 @@ class RecordingDataset(torch.utils.data.Dataset):
         return bool((self.forked == 1).any())
 
 
-class ChildCounter:
-    """Counts, from a thread of this process, how many child processes are alive at once
-    (``multiprocessing.active_children()``, polled): Hogwild's workers must run together."""
-
-    def __init__(self, every=0.005):
-        import threading
-        self.most, self.every, self._stop = 0, every, threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self):
-        while not self._stop.is_set():
-            self.most = max(self.most, len(multiprocessing.active_children()))
-            self._stop.wait(self.every)
+class StartJoinCounter:
+    """Counts how many worker processes were started and not yet joined at once, from the
+    order of ``Process.start()`` and ``Process.join()`` calls (every multiprocessing and
+    torch.multiprocessing process class inherits both from ``BaseProcess``): Hogwild's
+    workers must run together. A count of the calls, not of the processes seen alive, so a
+    busy machine that delays a worker's start cannot change it: start-join, start-join gives
+    1, start all then join all gives the number of workers."""
 
     def __enter__(self):
-        self._thread.start()
+        from multiprocessing.process import BaseProcess
+        self.most, self._open = 0, set()
+        self._base, real_start, real_join = BaseProcess, BaseProcess.start, BaseProcess.join
+        self._real = (real_start, real_join)
+
+        def start(proc, *args, **kwargs):
+            result = real_start(proc, *args, **kwargs)
+            self._open.add(id(proc))
+            self.most = max(self.most, len(self._open))
+            return result
+
+        def join(proc, *args, **kwargs):
+            result = real_join(proc, *args, **kwargs)
+            if proc.exitcode is not None:       # joined for good (not a join with a timeout)
+                self._open.discard(id(proc))
+            return result
+        BaseProcess.start, BaseProcess.join = start, join
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+        self._base.start, self._base.join = self._real
 
 
 def task_data():
@@ -206,7 +215,7 @@ def probe_hogwild(student, ctx, workers=3, crash_workers=2):
     _FORKED_FROM = os.getpid()
     model, data = _model(), RecordingDataset(x, y, EPOCHS)
     before, acc_before = state_arrays(model), _accuracy(model, x, y)
-    with ChildCounter() as alive:
+    with StartJoinCounter() as alive:
         module.hogwild(model, data, workers, epochs=EPOCHS, batch_size=BATCH, lr=LR, seed=SEED,
                        threads=threads)
     out["hogwild"] = {"reads": data.reads(), "changed": _changed(before, model),
