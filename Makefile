@@ -49,13 +49,15 @@ lab: setup
 demo: setup
 	$(PY) -m exercise_utils.mpi_parallel_sgd.demo
 
-# Three passes: the checker and unit tests two at a time (pytest-xdist; checks call a hang a
-# hang only when the ranks stop making progress, so a busy machine only slows them), then the
-# notebook runs two at a time (they assert no timings), then the tests that load the machine
-# themselves or need it quiet (launch wall limits, the loaded-machine test, SLURM), one at a time.
+# Three passes: the checker and unit tests three at a time on 2 cores (pytest-xdist; a check's
+# ranks often wait: for a peer, a timeout, a hang to show; checks call a hang a hang only when
+# the ranks stop making progress, so a busy machine only slows them), then the notebook runs
+# and the network-namespace tests three at a time (they assert no tight timings), then the tests
+# that load the machine themselves or need it quiet (launch wall limits, the loaded-machine
+# test, SLURM), one at a time.
 test: setup
-	DTFS_QUICK=1 $(PY) -m pytest tests -n 2 -m "not notebook and not serial" --durations=15
-	DTFS_QUICK=1 $(PY) -m pytest tests -n 2 -m "notebook" --durations=10
+	DTFS_QUICK=1 $(PY) -m pytest tests -n 3 -m "not notebook and not network and not serial" --durations=15
+	DTFS_QUICK=1 $(PY) -m pytest tests -n 3 -m "notebook or network" --durations=10
 	DTFS_QUICK=1 $(PY) -m pytest tests -m "serial" --durations=10
 
 release: $(STAMP)

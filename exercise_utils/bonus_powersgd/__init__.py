@@ -9,5 +9,6 @@ Modules:
 * ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
   file in ``tests/wrong/``);
 * ``experiments``: training accuracy against bytes sent (a torchrun script), tables, plots;
-* ``paper``: the paper's CIFAR-10 figures, its data column recomputed from ResNet-18.
+* ``paper``: the paper's CIFAR-10 figures, its data column recomputed from ResNet-18;
+* ``network``: step time against the link rate on two hosts, and the break-even rate.
 """
