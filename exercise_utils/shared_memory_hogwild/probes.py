@@ -221,6 +221,11 @@ def probe_hogwild(student, ctx, workers=3, crash_workers=2):
     out["hogwild"] = {"reads": data.reads(), "changed": _changed(before, model),
                       "accuracy": _accuracy(model, x, y), "accuracy_before": acc_before,
                       "together": alive.most, "forked": data.was_forked()}
+    from .checks import _check_parallel
+    try:
+        _check_parallel(out, workers)
+    except AssertionError:
+        return out          # the checker reports it; the crash run would only cost time
     # 3. a worker crashes: hogwild must raise; threads=None: each worker its share of the cores
     second = int(shuffled_order(N_SAMPLES, True, SEED, 0)[1])
     crash = RecordingDataset(x, y, 1, fail_index=second)
