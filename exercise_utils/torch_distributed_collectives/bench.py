@@ -157,6 +157,49 @@ def run_ring_benchmark(work="work", procs=PROCS, out=OUT, extra=(), echo=True, t
     return load_json(out)["rows"]
 
 
+def run_on_hosts(work="work", hosts=3, rate="100mbit", sizes_kib=(1024, 4096), repeats=3,
+                 out="results/03_ring_network.json", timeout=TIMEOUT):
+    """The same benchmark with one process on each of ``hosts`` hosts of an
+    :class:`exercise_utils.cluster.Cluster`, every link shaped to ``rate``.
+
+    Returns:
+        list of dicts as :func:`run_ring_benchmark`'s, each with ``rate`` (bit/s),
+        ``ring_of_link`` / ``all_reduce_of_link`` (bus bandwidth as a fraction of the link
+        rate) and ``bound_ms``: the least time any all-reduce needs, each rank sending
+        ``2 (n - 1) / n`` times the tensor over its link.
+    Raises:
+        exercise_utils.cluster.ClusterUnavailable: not root (the notebook says so and skips).
+    """
+    from .. import cluster
+    out = Path(out)
+    out.unlink(missing_ok=True)
+    args = ["--work", str(work), "--out", str(out), "--sizes-kib", *map(str, sizes_kib),
+            "--repeats", str(repeats), "--warmup", "1"]
+    with cluster.Cluster(hosts, rate=rate) as net:
+        print(f"{hosts} hosts, links of {rate}: {len(sizes_kib)} sizes ...", flush=True)
+        net.torchrun(__name__, 1, args, module=True, timeout=timeout, echo=False,
+                     what=f"the ring benchmark on {hosts} hosts")
+    bits = cluster.rate_bits(rate)
+    rows = load_json(out)["rows"]
+    for row in rows:
+        row["rate"] = bits
+        row["bound_ms"] = 1e3 * 2 * (hosts - 1) / hosts * row["bytes"] * 8 / bits
+        for name in ("ring", "all_reduce"):
+            row[f"{name}_of_link"] = row[f"{name}_busbw"] * 8e9 / bits
+    save_json(out, {"hosts": hosts, "rate": rate, "rows": rows})
+    return rows
+
+
+def plot_network(rows, path="results/03_ring_network.png"):
+    """Bus bandwidth as a fraction of the link rate against tensor size; return the figure."""
+    kib = [r["kib"] for r in rows]
+    return line_plot({"ring_all_reduce (yours)": (kib, [r["ring_of_link"] for r in rows]),
+                      "dist.all_reduce (gloo)": (kib, [r["all_reduce_of_link"] for r in rows])},
+                     "tensor size (KiB, float32)", "bus bandwidth / link rate",
+                     f"All-reduce on {rows[0]['procs']} hosts, {rows[0]['rate'] / 1e6:g} Mbit/s "
+                     "links", path, logx=True, xticks=kib)
+
+
 COLUMNS = [("kib", "KiB"), ("ring_ms", "ring ms"), ("all_reduce_ms", "all_reduce ms"),
            ("ring_busbw", "ring busbw GB/s"), ("all_reduce_busbw", "all_reduce busbw GB/s"),
            ("ratio", "ring / all_reduce time")]
