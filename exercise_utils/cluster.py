@@ -42,6 +42,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 PREFIX = "dtfs-"              # every namespace this module creates starts with it
 SUBNET = "10.42.0"            # host i has SUBNET.(i + 1)/24; namespaces keep runs apart
 NETNS_ETC = Path("/etc/netns")
@@ -313,20 +315,10 @@ def remove_stale():
     stale = []
     for ns in namespaces():
         found = re.match(rf"{PREFIX}(?:probe-)?(\d+)-", ns)
-        if found and not _alive(int(found[1])):
+        if found and not psutil.pid_exists(int(found[1])):
             _remove(ns)
             stale.append(ns)
     return stale
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 @atexit.register
