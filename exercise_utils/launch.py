@@ -10,6 +10,7 @@ Used in every notebook (01_mpi_parallel_sgd onwards) and by the checker harness;
 commands at once (a multi-node job's agents): :mod:`exercise_utils.launch_many`.
 """
 import os
+import secrets
 import selectors
 import shlex
 import shutil
@@ -72,7 +73,9 @@ def free_port():
 
     The kernel's free port is only free until someone binds it: launches running side by side
     (pytest workers, ``course.py autograde --jobs N``) could be given the same one before
-    either binds it. A marker file per port, created exclusively, settles who owns it.
+    either binds it. A marker file per port, created exclusively, settles who owns it. And the
+    port is drawn below the kernel's ephemeral range, which it hands to outgoing connections
+    (gloo's, the stores'): none of those can take it before the launched job binds it.
 
     Returns:
         int: the port number.
@@ -80,9 +83,9 @@ def free_port():
     PORTS.mkdir(exist_ok=True)
     now = time.time()
     for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = _candidate_port()
+        if port is None:
+            continue
         marker = PORTS / str(port)
         try:
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -93,6 +96,25 @@ def free_port():
         for old in list(PORTS.iterdir()):
             _expire(old, now)
     return port
+
+
+def _candidate_port():
+    """A port free right now: below the ephemeral range when the kernel says where it starts
+    (Linux: 32768), else one the kernel picks. None when the drawn port is taken."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if low <= 12000:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+        port = low - 10000 + secrets.randbelow(10000)   # not random: a seeded state repeats
+        try:
+            s.bind(("", port))              # every interface, as a store binds it
+        except OSError:
+            return None
+        return port
 
 
 def _expire(marker, now):

@@ -46,9 +46,7 @@ def probe(student, ctx, stages, progress, gloo_timeout):
     if (dist.get_rank(), dist.get_world_size()) != (ctx.rank, ctx.size):
         raise RuntimeError(f"after init() this process is rank {dist.get_rank()} of "
                            f"{dist.get_world_size()}; the launcher started it as rank "
-                           f"{ctx.rank} of {ctx.size}: read them from the launcher's variables "
-                           "(torchrun: RANK, WORLD_SIZE; MPICH: PMI_RANK, PMI_SIZE; Open MPI: "
-                           "OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)")
+                           f"{ctx.rank} of {ctx.size}: {LAUNCHER_VARIABLES}")
     rec.install(student)
     try:
         for stage in stages:
@@ -75,8 +73,23 @@ def _try(student, fn):
         return not_implemented(student, exc)
 
 
+LAUNCHER_VARIABLES = ("read the rank and world size from the launcher's variables (torchrun: "
+                      "RANK, WORLD_SIZE; MPICH: PMI_RANK, PMI_SIZE; Open MPI: "
+                      "OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)")
+
+
 def _init(student, ctx, gloo_timeout):
-    rank, size, device = student.init(backend="gloo", timeout_s=gloo_timeout)
+    try:
+        rank, size, device = student.init(backend="gloo", timeout_s=gloo_timeout)
+    except Exception as exc:  # noqa: BLE001 - one cause is certain, the others propagate
+        if "address already in use" not in str(exc) and "EADDRINUSE" not in str(exc):
+            raise
+        # The check gives every rank the same MASTER_PORT, which only rank 0 listens on: a
+        # second listener means a second process that believes it is rank 0.
+        raise RuntimeError(f"init() failed on rank {ctx.rank} of {ctx.size}: the process "
+                           "group's store port (MASTER_PORT) was already taken by another "
+                           "process of this job, so two processes believe they are rank 0: "
+                           f"{LAUNCHER_VARIABLES}") from None
     ok = dist.is_initialized()
     return {"returned": [int(rank), int(size), str(device)], "initialized": ok,
             "backend": dist.get_backend() if ok else None,
