@@ -35,8 +35,8 @@ ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "LOGLEVEL": "INFO"}
 MODES = {"fixed": ("2", False), "replaced": ("2", True), "elastic": ("1:2", False)}
 # what a line must contain to tell the story (torchrun's agents log at INFO level here)
 STORY = ("fault injection", "a new node starts", "Worker group FAILED", "Rendezvous'ing",
-         "Rendezvous complete", "RendezvousTimeoutError", "dead node", "Connection closed by",
-         "resumed from", "epoch ")
+         "Rendezvous complete", "RendezvousTimeoutError", "dead node", "Error: ",
+         "resumed from", "epoch ")           # "Error: ": the worker's error, however gloo words it
 LOG_PREFIX = re.compile(r"[IWE]\d{4} [\d:.]+ +\d+ \S+\] ")   # torchrun's "I1124 19:54:39.47 ...py:942] "
 
 
