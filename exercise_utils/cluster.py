@@ -248,8 +248,8 @@ class Cluster:
         ``kwargs`` as :meth:`run_many`. Returns the hosts' results."""
         cmd = self.torchrun_command(script, nproc_per_node, args, module, extra, rdzv_id)
         kwargs.setdefault("nprocs", nproc_per_node)
-        # a fresh store for each attempt's workers (see exercise_utils.launch.torchrun)
-        kwargs["env"] = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(kwargs.get("env") or {})}
+        from .launch import FRESH_STORE_ENV
+        kwargs["env"] = {**FRESH_STORE_ENV, **(kwargs.get("env") or {})}
         return self.run_many([(host, cmd) for host in self.hosts], **kwargs)
 
     def env(self):

@@ -65,6 +65,10 @@ class RunResult:
 
 PORTS = Path(tempfile.gettempdir()) / "dtfs-ports"   # ports handed out lately, one file each
 PORT_HOLD = 300                                       # seconds a handed-out port stays reserved
+# Workers of a restarted attempt (--max-restarts) otherwise share the agent's store with the dead
+# attempt's keys and can read a dead worker's address: measured on torch 2.14, 2 of 3 restarts
+# failed or hung with the shared store, 0 of 3 with a fresh store each. Every torchrun agent gets it.
+FRESH_STORE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def free_port():
@@ -338,10 +342,7 @@ def torchrun(script, nproc, args=(), nnodes=1, port=None, extra=(), **kwargs):
         RunResult.
     """
     port = port or free_port()
-    # Workers of a restarted attempt (--max-restarts) otherwise share the agent's store with
-    # the dead attempt's keys and can read a dead worker's address: measured on torch 2.14,
-    # 2 of 3 restarts failed or hung with the shared store, 0 of 3 with a fresh store each.
-    kwargs["env"] = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(kwargs.get("env") or {})}
+    kwargs["env"] = {**FRESH_STORE_ENV, **(kwargs.get("env") or {})}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
            *map(str, extra), str(script), *map(str, args)]

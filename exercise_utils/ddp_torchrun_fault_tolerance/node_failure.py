@@ -30,8 +30,7 @@ from ..launch import agent_command
 JOIN_TIMEOUT = 20      # seconds an agent waits at the rendezvous for the nodes it needs
 LAST_CALL = 3          # elastic: seconds to wait for more nodes once the minimum is there
 REPLACE_AFTER = 2      # "replaced": seconds between the death and the new agent's start
-# a fresh store for each attempt's workers (see exercise_utils.launch.torchrun)
-ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "LOGLEVEL": "INFO"}
+ENV = {**launch.FRESH_STORE_ENV, "LOGLEVEL": "INFO"}   # agents log the rendezvous (INFO)
 MODES = {"fixed": ("2", False), "replaced": ("2", True), "elastic": ("1:2", False)}
 # what a line must contain to tell the story (torchrun's agents log at INFO level here)
 STORY = ("fault injection", "a new node starts", "Worker group FAILED", "Rendezvous'ing",
