@@ -37,8 +37,8 @@ EXPECTED = {
                                       "numel/world_size = 504 elements",
     "03_ring_allreduce_floor_chunks": "Only the last numel % world_size = 1 elements are wrong",
     "03_ring_allreduce_chunk_all_reduce": "rank 0 called dist.all_reduce inside ring_all_reduce",
-    "03_ring_allreduce_blocking_send": "dist.send blocks until the peer has posted the matching "
-                                       "receive",
+    "03_ring_allreduce_blocking_send": "a send starts only once the peer has posted the "
+                                       "matching receive",
     # whichever rank trips first: rank 0 (group [0]) sending, or one of group [1, 2, 3]
     # sending to or receiving from the wrong neighbour
     "03_ring_allreduce_ignores_group": "(this rank's group), with 4 ranks: dist.",

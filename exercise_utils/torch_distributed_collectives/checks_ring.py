@@ -25,10 +25,11 @@ from .probes_ring import (GROUP_CASE0, GROUP_CASES, GROUPS, P2P, SENDS, group_of
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 WORLD_SIZES = (2, 3, 4)     # one launch each
-HUNG_HINT = ("With gloo, dist.send blocks until the peer has posted the matching receive: if "
-             "every rank sends first and receives afterwards, all of them wait forever. Post "
-             "the send with req = dist.isend(...), then dist.recv(...), then req.wait(); and "
-             "make every rank run the same number of steps.")
+HUNG_HINT = ("With gloo, a send starts only once the peer has posted the matching receive: if "
+             "every rank sends first with dist.send and receives afterwards, all of them wait "
+             "forever. Post the receive with r = dist.irecv(...), then the send with "
+             "s = dist.isend(...), then r.wait() and s.wait(); and make every rank run the "
+             "same number of steps.")
 RING_HINT = ("a ring all-reduce is a reduce-scatter (world_size - 1 steps, each adding one "
              "received chunk) then an all-gather (world_size - 1 steps, each passing on one "
              "complete chunk), on the chunks torch.tensor_split(tensor.view(-1), world_size)")

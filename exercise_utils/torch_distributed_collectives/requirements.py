@@ -17,8 +17,9 @@ REQUIREMENTS = {
         "elements",
         "Every rank sends only to its right neighbour ``(rank + 1) % world_size`` and receives "
         "only from its left neighbour ``(rank - 1) % world_size``, one chunk per message",
-        "With gloo, ``dist.send`` blocks until the peer has posted the matching receive: if "
-        "every rank first sends and then receives, all of them wait forever.",
+        "With gloo, a send starts only once the peer has posted the matching receive (the "
+        "receiver tells the sender over the connection they share): if every rank first sends "
+        "with the blocking ``dist.send`` and then receives, all of them wait forever.",
         "Sum over the ranks of ``group`` only",
         "``send``/``recv`` take global ranks: translate the group rank ``r`` with "
         "``dist.get_global_rank(group, r)``",

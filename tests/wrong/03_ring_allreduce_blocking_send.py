@@ -1,8 +1,9 @@
 """Wrong: every rank first calls the blocking dist.send, then dist.recv. With gloo a send
 waits until the peer posts its receive, so all ranks wait for each other forever.
 
-Violates: "With gloo, ``dist.send`` blocks until the peer has posted the matching receive: if
-every rank first sends and then receives, all of them wait forever."
+Violates: "With gloo, a send starts only once the peer has posted the matching receive (the
+receiver tells the sender over the connection they share): if every rank first sends with the
+blocking ``dist.send`` and then receives, all of them wait forever."
 """
 import torch
 import torch.distributed as dist
