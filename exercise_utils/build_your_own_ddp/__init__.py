@@ -13,5 +13,7 @@ Modules:
 * ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
   file in ``tests/wrong/``);
 * ``reference``: the models, batches and single-process replay probes and checks share;
-* ``bench``: the student's stages against torch DDP (a torchrun script), tables and plots.
+* ``bench``: the student's stages against torch DDP (a torchrun script), tables and plots;
+* ``network``: the same benchmark on two hosts with links of 100 Mbit/s, 1 Gbit/s and
+  unshaped: where overlap and buckets pay.
 """
