@@ -42,16 +42,18 @@ class MPINet(nn.Module):
 class DropoutNet(nn.Module):
     """The 10/20-channel CNN with dropout (PyTorch MNIST example). Returns log-probabilities.
 
-    Train with ``F.nll_loss``. Used in 02 to 05.
+    Train with ``F.nll_loss``. ``hidden``: the width of the fully connected layer (50: 21,840
+    parameters; notebook 08's network section also trains a wide one, whose 320 x ``hidden``
+    matrix makes communication, not compute, the cost of a step). Used in 02 to 05 and 08.
     """
 
-    def __init__(self, num_classes=10):
+    def __init__(self, num_classes=10, hidden=50):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 10, kernel_size=5)
         self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
         self.conv2_drop = nn.Dropout2d()
-        self.fc1 = nn.Linear(320, 50)
-        self.fc2 = nn.Linear(50, num_classes)
+        self.fc1 = nn.Linear(320, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
 
     def forward(self, x):
         x = F.relu(F.max_pool2d(self.conv1(x), 2))

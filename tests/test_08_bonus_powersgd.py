@@ -6,16 +6,18 @@ as the solution and as the blank release, with the rows of the experiment it ran
 The checkers keep their launches' results per file content, so the three checks of one file
 cost one launch per world size (2 and 3 gloo ranks); a wrong file usually fails at 2."""
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from exercise_utils.bonus_powersgd import checks
+from exercise_utils import cluster
+from exercise_utils.bonus_powersgd import checks, network
 from exercise_utils.bonus_powersgd import experiments as pe
 from exercise_utils.models import DropoutNet
 from exercise_utils.notebook_files import extract_writefiles
-from grading import (assert_blank_not_implemented, assert_release_regions_in_function_bodies,
+from grading import (assert_release_regions_in_function_bodies,
                      assert_wrong_files_listed, autograde_solution_and_blank)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,9 +89,6 @@ def test_checker_accepts_right_file(stem):
     CHECKERS[exercise_of(stem)](RIGHT / f"{stem}.py")
 
 
-def test_blank_is_reported_as_not_implemented(blank_file):
-    assert_blank_not_implemented(CHECKERS, blank_file)
-
 
 def test_a_crash_in_powersgd_costs_only_its_own_points(tmp_path, solution_file):
     """reduce() raises on rank 1 only: the launch fails (rank 0 waits in its all_reduce); the
@@ -114,6 +113,35 @@ def test_autograde_solution_and_blank(tmp_path):
     # the experiment the notebook ran (quick sizes): bytes counted, torch's hook alike
     results = tmp_path / "course" / "autograded" / "solution" / STEM / "results"
     assert_experiment_rows(json.loads((results / "08_powersgd.json").read_text())["rows"], tmp_path)
+    # PowerSGD on two hosts at three link rates (root only; CI is root)
+    if cluster.unavailable_reason():
+        assert "skipped: " in graded, "without root the network cell must say why"
+        return
+    assert_network_rows(json.loads((results / "08_network.json").read_text()), tmp_path)
+
+
+def assert_network_rows(rows, tmp_path):
+    """Both models, every method at every rate; the same accuracy at every rate (the link
+    changes when bytes arrive, not what is computed); the issue's goal on the wide model:
+    PowerSGD rank 2 at least 3x faster per step than uncompressed at 100 Mbit/s."""
+    rates = ["100mbit", "1gbit", "unshaped"]
+    runs = [(h, m, r) for h in network.HIDDEN for m, r in
+            [("uncompressed", None)] + [("yours", k) for k in pe.RANKS]]
+    assert sorted((r["hidden"], r["method"], r["rank"] or 0, r["rate"]) for r in rows) == sorted(
+        (h, m, k or 0, rate) for h, m, k in runs for rate in rates)
+    for h, m, k in runs:
+        same = {r["accuracy"] for r in rows if (r["hidden"], r["method"], r["rank"]) == (h, m, k)}
+        assert len(same) == 1, (h, m, k, same)
+    assert {r["rate_bits"] for r in rows if r["rate"] == "100mbit"} == {1e8}
+    assert min(r["rate_bits"] for r in rows if r["rate"] == "unshaped") > 1e9
+    wide = {(r["method"], r["rank"]): r["step_s"] for r in rows
+            if r["hidden"] == max(network.HIDDEN) and r["rate"] == "100mbit"}
+    speedup = wide["uncompressed", None] / wide["yours", 2]
+    assert speedup >= 3, f"PowerSGD r=2 only {speedup:.1f}x faster at 100 Mbit/s: {wide}"
+    text = network.table(rows)
+    assert "break-even link rate" in text and "hidden 2048" in text
+    network.plot(rows, tmp_path / "network.png")
+    assert (tmp_path / "network.png").stat().st_size > 0
 
 
 def expected_bytes(steps, start_iter, r):
@@ -152,22 +180,31 @@ def assert_experiment_rows(rows, tmp_path):
     assert (tmp_path / "08.png").stat().st_size > 1000
 
 
-def test_network_fit_recovers_the_step_cost_model_and_the_break_even_rate():
-    """t = c + V / R at 100 Mbit/s and 1 Gbit/s gives back c and V, and the break-even rate
-    (R* = (V_u - V_p) / (c_p - c_u)) is where both methods take equally long."""
-    from exercise_utils.bonus_powersgd import network
-    cost = {"uncompressed": (0.004, 8 * 87e3), "PowerSGD r=2": (0.006, 8 * 7e3)}
-    rows = [{"method": "uncompressed" if label == "uncompressed" else "powersgd",
-             "rank": None if label == "uncompressed" else 2, "rate": rate,
-             "step_s": c + v / network.BITS[rate], "bytes_per_step": v / 8}
-            for label, (c, v) in cost.items() for rate in ("100mbit", "1gbit")]
-    lines = network.fit(rows)
-    for label, (c, v) in cost.items():
-        assert lines[label] == pytest.approx((c, v), rel=1e-6)
-    even = network.break_even(lines, "PowerSGD r=2")
-    assert even == pytest.approx(8 * 80e3 / 0.002)
-    t = {label: c + v / even for label, (c, v) in cost.items()}
-    assert t["uncompressed"] == pytest.approx(t["PowerSGD r=2"])
-    assert "| PowerSGD r=2 | 6.6 (1.7x) | 6.1 (0.8x) | 7.0 kB | 0.32 Gbit/s |" in network.table(rows)
-    cheap = {**lines, "PowerSGD r=2": (0.003, 8 * 7e3)}       # cheaper off the link too
-    assert network.break_even(cheap, "PowerSGD r=2") is None
+def test_network_break_even_is_where_the_measured_speedup_crosses_1():
+    """Speed-ups over the model's own uncompressed training per rate; the break-even rate is
+    interpolated on log scales between the two rates whose speed-ups straddle 1, or reported
+    as below / above the measured range; the table shows both models."""
+    bits = {"100mbit": 1e8, "1gbit": 1e9, "unshaped": 1e10}
+    steps = {(50, "uncompressed"): (10.0, 6.0, 5.0), (50, "powersgd"): (12.0, 12.0, 11.0),
+             (2048, "uncompressed"): (240.0, 32.0, 18.0), (2048, "powersgd"): (24.0, 20.0, 20.0)}
+    params = {50: 21840, 2048: 683178}
+    rows = [{"hidden": h, "params": params[h], "method": method, "accuracy": 0.5,
+             "rank": None if method == "uncompressed" else 2, "rate": rate,
+             "rate_bits": bits[rate], "step_s": t / 1e3, "bytes_per_step": 1000.0}
+            for (h, method), ts in steps.items() for rate, t in zip(bits, ts)]
+    model = {h: f"hidden {h} ({params[h]:,} parameters)" for h in params}
+    points = network.speedups(rows, model[2048], "PowerSGD r=2")
+    assert [b for b, _ in points] == [1e8, 1e9, 1e10]
+    assert [s for _, s in points] == pytest.approx([10.0, 1.6, 0.9])
+    even, side = network.break_even(rows, model[2048], "PowerSGD r=2")
+    assert side == "" and 1e9 < even < 1e10
+    # log-log: log(1.6) falls to log(0.9) over one decade; 1 is crossed at this share of it
+    assert even == pytest.approx(1e9 * 10 ** (math.log(1.6) / (math.log(1.6) - math.log(0.9))))
+    assert network.break_even(rows, model[50], "PowerSGD r=2") == (1e8, "below")
+    faster = [dict(r, step_s=r["step_s"] / 100) if r["method"] == "powersgd" else r for r in rows]
+    assert network.break_even(faster, model[50], "PowerSGD r=2") == (1e10, "above")
+    text = network.table(rows)
+    assert ("| hidden 50 (21,840 parameters) | PowerSGD r=2 | 12.0 (0.8x) | 12.0 (0.5x) | "
+            "11.0 (0.5x) | 1.0 kB | 0.500 | below 100 Mbit/s |") in text
+    assert "| hidden 2048 (683,178 parameters) | PowerSGD r=2 | 24.0 (10.0x) |" in text
+    assert f"| {network._rate(even)} |" in text and "Gbit/s" in network._rate(even)

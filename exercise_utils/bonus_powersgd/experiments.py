@@ -41,6 +41,7 @@ BATCH = 32                      # examples per worker and step
 LR, MOMENTUM = 0.02, 0.9        # SGD with momentum (the same for every method)
 RANKS = quick((1, 2, 4), (1, 2))  # PowerSGD ranks r
 START_ITER = 2                  # steps sent uncompressed first (torch: start_powerSGD_iter >= 2)
+HIDDEN = 50                     # DropoutNet's fully connected width (21,840 parameters)
 WORKERS = 2                     # torchrun --nproc-per-node
 THREADS = 1                     # torch threads per worker
 SEED = 0                        # initial weights, data order, dropout
@@ -60,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--train-size", type=int, default=TRAIN_SIZE)
     p.add_argument("--test-size", type=int, default=TEST_SIZE)
     p.add_argument("--data", default="fashion-mnist", help="fashion-mnist or synthetic")
+    p.add_argument("--hidden", type=int, nargs="+", default=[HIDDEN],
+                   help="DropoutNet widths to train (each with every method and rank)")
     p.add_argument("--threads", type=int, default=THREADS)
     p.add_argument("--out", default="results/08_powersgd.json")
     return p.parse_args(argv)
@@ -83,8 +86,8 @@ class ByteCounter:
         self.dist.all_reduce = self.original
 
 
-def train_one(args, method, r, student, train, test, rank, k):
-    """Train one run; return its row (accuracy only on rank 0)."""
+def train_one(args, method, r, student, train, test, rank, k, hidden=HIDDEN):
+    """Train one run of a DropoutNet ``hidden`` wide; return its row (accuracy only on rank 0)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -95,7 +98,7 @@ def train_one(args, method, r, student, train, test, rank, k):
     from ..models import DropoutNet
 
     torch.manual_seed(SEED)                        # the same initial weights on every rank
-    net = DropoutNet()
+    net = DropoutNet(hidden=hidden)
     numel = sum(p.numel() for p in net.parameters())
     torch.manual_seed(SEED * 1000 + rank + 1)      # then a different dropout stream per rank
     compressor = None
@@ -138,7 +141,7 @@ def train_one(args, method, r, student, train, test, rank, k):
             counter.original(seen)                 # bookkeeping: not counted
             losses.append(float(seen[0] / seen[1]))
     train_s = time.perf_counter() - start
-    row = {"method": method, "rank": r, "workers": k, "steps": step, "epochs": args.epochs,
+    row = {"method": method, "rank": r, "hidden": hidden, "params": numel, "workers": k, "steps": step, "epochs": args.epochs,
            "start_iter": args.start_iter if method != "uncompressed" else None,
            "bytes_per_worker": counter.bytes, "uncompressed_bytes": 4 * numel * step,
            "compression": 4 * numel * step / max(1, counter.bytes), "train_loss": losses,
@@ -183,9 +186,9 @@ def main(argv=None):
         train = load_dataset(args.data, "train", subset=args.train_size, seed=0,
                              verbose=rank == 0)
         test = load_dataset(args.data, "test", subset=args.test_size, seed=0, verbose=rank == 0)
-        plan = [(m, r) for m in args.methods for r in
+        plan = [(h, m, r) for h in args.hidden for m in args.methods for r in
                 ([None] if m == "uncompressed" else args.ranks)]
-        rows = [train_one(args, m, r, student, train, test, rank, k) for m, r in plan]
+        rows = [train_one(args, m, r, student, train, test, rank, k, h) for h, m, r in plan]
         if rank == 0:
             save_json(args.out, {"rows": rows})
 

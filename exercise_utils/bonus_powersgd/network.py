@@ -1,18 +1,24 @@
 """PowerSGD on a real network: step time against the link rate, and the break-even rate.
 
-The training of :mod:`.experiments` (the same model, data and settings), on two hosts of an
+The training of :mod:`.experiments` (the same data and settings), on two hosts of an
 :class:`exercise_utils.cluster.Cluster` with one worker each, every host's link shaped to
-100 Mbit/s, 1 Gbit/s or left unshaped (a veth pair: about 10 Gbit/s). Per method and rate
-it reports the median step time (forward, backward, communication and update; the first
-steps, sent uncompressed or warming up, left out).
+100 Mbit/s, 1 Gbit/s or left unshaped (a veth pair: about 10 Gbit/s), for notebook 08's
+DropoutNet (``hidden`` 50: 87 kB of gradients per step) and a wide one (``hidden`` 2048:
+2.7 MB, nearly all in one 320 x 2048 matrix). Per model, method and rate it reports the
+median step time (forward, backward, communication and update; the first steps, sent
+uncompressed or warming up, left out) and the test accuracy (the link changes the time of
+a step, never what it computes: the same at every rate).
 
-A step costs ``t = c + V / R`` at link rate ``R``: ``c`` what does not depend on the link
-(computing, compressing, per-message latencies), ``V`` the bits that cross it. Two shaped
-rates give both for every method (:func:`fit`), and the *break-even rate*, above which
-compression no longer pays, is where PowerSGD's line meets uncompressed training's:
-``R* = (V_u - V_p) / (c_p - c_u)`` (:func:`break_even`). Used in 08_bonus_powersgd.
+The *break-even rate*, above which compression no longer pays, is read off the measurements
+(:func:`break_even`): where the speed-up over uncompressed training crosses 1 between two
+measured rates, interpolated on log scales (the unshaped link's rate is measured in the run).
+A cost model ``t = c + V / R`` (``c`` computing, ``V`` bits per step) would give it in closed
+form, but DDP overlaps part of the communication with backward and a step of a few
+milliseconds varies by about one from run to run: fitted, ``c`` came out different at every
+rate. Used in 08_bonus_powersgd.
 """
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -22,21 +28,27 @@ from . import experiments
 
 RATES = ("100mbit", "1gbit", None)      # None: unshaped
 BITS = {"100mbit": 1e8, "1gbit": 1e9}
+HIDDEN = (experiments.HIDDEN, 2048)     # notebook 08's DropoutNet, and a wide one
 TRAIN_SIZE = quick(2560, 1280)          # 2 workers x batch 32: 40 (quick: 20) steps each
+TEST_SIZE = quick(2000, 500)            # test examples (worker 0 evaluates)
 SKIP = 3                                # first steps left out of the median (start-up, warm-up)
 
 
-def sweep(student="work/08_powersgd.py", ranks=experiments.RANKS, rates=RATES,
+def sweep(student="work/08_powersgd.py", ranks=experiments.RANKS, rates=RATES, hidden=HIDDEN,
           out="results/08_network.json", timeout=180):
-    """Run the training at every rate on two hosts; return one row per method, rank and rate.
+    """Run the training at every rate on two hosts; return one row per model, method, rank
+    and rate.
 
     Args:
         student: the file with your ``PowerSGD``.
         ranks: PowerSGD ranks r (yours).
         rates: link rates (:mod:`exercise_utils.cluster`; None: unshaped).
+        hidden: DropoutNet widths (one model each, all trained in each launch).
         out: JSON file for the rows.
     Returns:
-        list[dict]: ``method``, ``rank``, ``rate``, ``step_s`` (median), ``bytes_per_step``.
+        list[dict]: ``hidden``, ``params``, ``method``, ``rank``, ``rate`` (its name),
+        ``rate_bits`` (bit/s: the unshaped link's as measured), ``step_s`` (median),
+        ``bytes_per_step``, ``accuracy``.
     Raises:
         exercise_utils.cluster.ClusterUnavailable: not root (the notebook says so and skips).
     """
@@ -45,20 +57,25 @@ def sweep(student="work/08_powersgd.py", ranks=experiments.RANKS, rates=RATES,
     with cluster.Cluster(2) as net:
         for rate in rates:
             net.shape(rate)
+            bits = BITS.get(rate) or 1e6 * net.measure(net.hosts[0], net.hosts[1], mbytes=200)
             path = Path(f"{out}.{rate or 'unshaped'}.json")
             path.unlink(missing_ok=True)
             args = ["--student", student, "--ranks", *map(str, ranks), "--methods",
                     "uncompressed", "yours", "--epochs", "1", "--train-size", str(TRAIN_SIZE),
-                    "--test-size", "64", "--threads", "1", "--out", str(path)]
-            print(f"link {rate or 'unshaped'}: {len(ranks) + 1} trainings on h0 and h1 ...",
-                  flush=True)
+                    "--test-size", str(TEST_SIZE), "--hidden", *map(str, hidden),
+                    "--threads", "1", "--out", str(path)]
+            print(f"link {rate or 'unshaped'}: {len(hidden) * (len(ranks) + 1)} trainings on "
+                  "h0 and h1 ...", flush=True)
             net.torchrun(experiments.__name__, 1, args, module=True, timeout=timeout,
                          echo=False, threads_per_process=1, what=f"the training at {rate}")
             for row in json.loads(path.read_text())["rows"]:
                 times = row["step_times"][SKIP:]
-                rows.append({"method": row["method"], "rank": row["rank"],
-                             "rate": rate or "unshaped", "step_s": statistics.median(times),
-                             "bytes_per_step": row["bytes_per_worker"] / row["steps"]})
+                rows.append({"hidden": row["hidden"], "params": row["params"],
+                             "method": row["method"], "rank": row["rank"],
+                             "rate": rate or "unshaped", "rate_bits": bits,
+                             "step_s": statistics.median(times),
+                             "bytes_per_step": row["bytes_per_worker"] / row["steps"],
+                             "accuracy": row["accuracy"]})
             path.unlink()
     Path(out).write_text(json.dumps(rows, indent=1))
     return rows
@@ -68,65 +85,74 @@ def _label(row):
     return "uncompressed" if row["method"] == "uncompressed" else f"PowerSGD r={row['rank']}"
 
 
-def fit(rows):
-    """``{label: (c seconds, V bits)}`` from the 100 Mbit/s and 1 Gbit/s step times."""
-    got = {}
-    for row in rows:
-        if row["rate"] in BITS:
-            got.setdefault(_label(row), {})[BITS[row["rate"]]] = row["step_s"]
-    lines = {}
-    for label, t in got.items():
-        volume = (t[1e8] - t[1e9]) / (1 / 1e8 - 1 / 1e9)
-        lines[label] = (t[1e9] - volume / 1e9, volume)
-    return lines
+def _model(row):
+    return f"hidden {row['hidden']} ({row['params']:,} parameters)"
 
 
-def break_even(lines, label):
-    """The link rate (bit/s) above which ``label`` is slower than uncompressed; None when
-    it is faster at every rate (it costs no more than uncompressed off the link)."""
-    c_u, v_u = lines["uncompressed"]
-    c_p, v_p = lines[label]
-    if c_p <= c_u:
-        return None
-    return (v_u - v_p) / (c_p - c_u)
+def speedups(rows, model, label):
+    """``[(rate bit/s, uncompressed step time / this one's)]`` for ``label`` of ``model``,
+    by rate."""
+    step = {(_model(r), _label(r), r["rate_bits"]): r["step_s"] for r in rows}
+    return sorted((bits, step[m, "uncompressed", bits] / t)
+                  for (m, lab, bits), t in step.items() if (m, lab) == (model, label))
+
+
+def break_even(rows, model, label):
+    """The link rate at which ``label`` stops being faster than uncompressed training:
+    ``(bits, "")`` interpolated (log-log) between the first two measured rates whose
+    speed-ups straddle 1, or ``(lowest rate, "below")`` / ``(highest rate, "above")``
+    when it is slower / faster at every measured rate."""
+    points = speedups(rows, model, label)
+    if points[0][1] < 1:
+        return points[0][0], "below"
+    for (r0, s0), (r1, s1) in zip(points, points[1:]):
+        if s0 >= 1 > s1:
+            x0, x1, y0, y1 = math.log(r0), math.log(r1), math.log(s0), math.log(s1)
+            return math.exp(x0 + (x1 - x0) * y0 / (y0 - y1)), ""
+    return points[-1][0], "above"
 
 
 def table(rows):
-    """Step times per method and rate, the speed-up over uncompressed, and the break-even."""
+    """Step times per model, method and rate, the speed-up over the model's uncompressed
+    training, bytes per step, test accuracy and the break-even rate."""
     rates = list(dict.fromkeys(r["rate"] for r in rows))
-    step = {(_label(r), r["rate"]): r["step_s"] for r in rows}
-    labels = list(dict.fromkeys(_label(r) for r in rows))
-    lines = fit(rows) if all(b in rates for b in BITS) else {}
+    step = {(_model(r), _label(r), r["rate"]): r["step_s"] for r in rows}
+    keys = list(dict.fromkeys((_model(r), _label(r)) for r in rows))
     head = " | ".join(f"{r}: ms per step (x faster)" for r in rates)
-    out = [f"| method | {head} | bytes per step | break-even link rate |",
-           "|---|" + "---|" * (len(rates) + 2)]
-    for label in labels:
-        cells = [f"{1e3 * step[label, r]:.1f} ({step['uncompressed', r] / step[label, r]:.1f}x)"
-                 for r in rates]
-        size = next(r["bytes_per_step"] for r in rows if _label(r) == label)
-        even = "" if label == "uncompressed" or not lines else _rate(break_even(lines, label))
-        out.append(f"| {label} | {' | '.join(cells)} | {size / 1e3:.1f} kB | {even} |")
+    out = [f"| model | method | {head} | bytes per step | test accuracy | break-even link rate |",
+           "|---|---|" + "---|" * (len(rates) + 3)]
+    for model, label in keys:
+        cells = [f"{1e3 * step[model, label, r]:.1f} "
+                 f"({step[model, 'uncompressed', r] / step[model, label, r]:.1f}x)" for r in rates]
+        row = next(r for r in rows if (_model(r), _label(r)) == (model, label))
+        even = "" if label == "uncompressed" else _rate(*break_even(rows, model, label))
+        accuracy = "" if row.get("accuracy") is None else f"{row['accuracy']:.3f}"
+        out.append(f"| {model} | {label} | {' | '.join(cells)} | "
+                   f"{row['bytes_per_step'] / 1e3:.1f} kB | {accuracy} | {even} |")
     return "\n".join(out)
 
 
-def _rate(bits):
-    return "above every rate" if bits is None else f"{bits / 1e9:.2f} Gbit/s"
+def _rate(bits, side=""):
+    text = f"{bits / 1e9:.2g} Gbit/s" if bits >= 1e9 else f"{bits / 1e6:.3g} Mbit/s"
+    return f"{side} {text}".strip()
 
 
 def plot(rows, path="results/08_network.png"):
-    """Step time against link rate, one line per method (log-log)."""
+    """Step time against link rate, one line per model and method (log scale)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     rates = list(dict.fromkeys(r["rate"] for r in rows))
     x = list(range(len(rates)))
-    for label in dict.fromkeys(_label(r) for r in rows):
-        ys = [1e3 * next(r["step_s"] for r in rows if _label(r) == label and r["rate"] == rate)
-              for rate in rates]
-        ax.plot(x, ys, marker="o", label=label)
+    models = list(dict.fromkeys(r["hidden"] for r in rows))
+    for (hidden, label) in dict.fromkeys((r["hidden"], _label(r)) for r in rows):
+        ys = [1e3 * next(r["step_s"] for r in rows if (r["hidden"], _label(r), r["rate"])
+                         == (hidden, label, rate)) for rate in rates]
+        ax.plot(x, ys, marker="o", ls="-" if hidden == models[0] else "--",
+                label=f"hidden {hidden}: {label}")
     ax.set_xticks(x, rates)
     ax.set_yscale("log")
     ax.set_xlabel("link rate of each host")
     ax.set_ylabel("median step time (ms)")
     ax.set_title("Two hosts, one worker each: time per training step")
-    ax.legend()
+    ax.legend(fontsize=8)
     return save_figure(fig, path)
