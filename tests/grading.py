@@ -134,14 +134,3 @@ def assert_wrong_files_listed(prefix, expected):
     """``tests/wrong/<prefix>_*.py`` are exactly the files ``expected`` gives messages for."""
     stems = {p.stem for p in (ROOT / "tests" / "wrong").glob(f"{prefix}_*.py")}
     assert stems == set(expected), f"tests/wrong/{prefix}_* and EXPECTED must list the same files"
-
-
-def assert_blank_not_implemented(checkers, path):
-    """Every checker says "not implemented yet: " for the blank file and names the file."""
-    for name, check in checkers.items():
-        try:
-            check(path)
-        except AssertionError as err:
-            assert "not implemented yet: " in str(err) and str(path) in str(err), (name, str(err))
-        else:
-            raise AssertionError(f"{name} accepted the blank file")

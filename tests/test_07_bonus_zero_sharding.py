@@ -12,7 +12,7 @@ import pytest
 
 from exercise_utils.bonus_zero_sharding import bench, checks, checks_checkpoint
 from exercise_utils.notebook_files import extract_writefiles
-from grading import (assert_blank_not_implemented, assert_release_regions_in_function_bodies,
+from grading import (assert_release_regions_in_function_bodies,
                      assert_wrong_files_listed, autograde_solution_and_blank)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,9 +83,6 @@ def test_checker_accepts_right_file(stem):
     """Correct files written differently from the solution (tests/right/) must pass."""
     CHECKERS[exercise_of(stem)](RIGHT / f"{stem}.py")
 
-
-def test_blank_is_reported_as_not_implemented(blank_file):
-    assert_blank_not_implemented(CHECKERS, blank_file)
 
 
 def test_a_crashing_checkpoint_costs_only_its_own_points(tmp_path, solution_file):
