@@ -22,6 +22,9 @@ from . import bench
 
 RATES = ("100mbit", "1gbit", None)      # None: unshaped (a veth pair: about 10 Gbit/s)
 CAP = 5                                 # MiB: 3 buckets of the 12 MB model, 1 of the quick one
+# quick: 256 wide (0.8 MB), not the loopback benchmark's 64 (52 kB, which the link's 64 kB
+# token bucket would let through at full speed: no link to see)
+WIDTH = quick(bench.WIDTH, 256)
 WARMUP = 1                              # untimed rounds per rate (connections, DDP's rebuild)
 REPEATS = quick(3, 2)                   # timed rounds: one step of every variant each
 COMM_REPEATS = quick(2, 1)              # timed rounds of the communication-alone measurement
@@ -51,7 +54,8 @@ def sweep(work="work/06_myddp.py", rates=RATES, cap=CAP, out=OUT, timeout=TIMEOU
             name = rate or "unshaped"
             path = Path(f"{out}.{name}.json")
             path.unlink(missing_ok=True)
-            args = ["--work", str(work), "--out", str(path), "--caps", str(cap), "--threads",
+            args = ["--work", str(work), "--out", str(path), "--caps", str(cap),
+                    "--width", str(WIDTH), "--threads",
                     str(bench.THREADS), "--warmup", str(WARMUP), "--repeats", str(REPEATS),
                     "--comm-repeats", str(COMM_REPEATS)]
             print(f"links at {name}: every variant on h0 and h1 ...", flush=True)
