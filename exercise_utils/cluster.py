@@ -7,7 +7,10 @@ host's link can be shaped to a rate in both directions (``tc ... tbf``: a token 
 e.g. ``100mbit``, ``1gbit``, ``10gbit``; ``None`` leaves it unshaped: then a veth moves about
 10 Gbit/s on a laptop). This kernel-level shaping limits bandwidth only: there is no added
 delay (``netem`` is not available everywhere), so small messages cost what they cost on the
-machine, large ones what the link allows.
+machine, large ones what the link allows. A token bucket also lets a burst (64 kB, or 4 ms
+of traffic at rates above 128 Mbit/s) pass at full speed and refills while the link is idle:
+a message smaller than the burst, sent every few milliseconds, hardly waits (measured in
+notebook 08: DropoutNet's 87 kB per step cost no more at 100 Mbit/s than unshaped).
 
 Each host also has its own hostname, ``h0``, ``h1``, ... (a UTS namespace), which every host
 resolves to that host's address (a per-namespace ``/etc/hosts``, which ``ip netns exec``
@@ -265,6 +268,28 @@ class Cluster:
         results = self.run_many([(dst, server), (src, client)], timeout=timeout, echo=False,
                                 what=f"the {mbytes} MB transfer {src.name} -> {dst.name}")
         return json.loads(results[1].output.strip().splitlines()[-1])["mbit_per_s"]
+
+
+def each_rate(module, args, rates, out, what, hosts=2, timeout=180):
+    """Run the torchrun script ``module`` (one worker per host, one thread each) once per link
+    rate on a fresh :class:`Cluster`; it gets ``args`` and ``--out <file>`` and writes
+    ``{"rows": [...]}`` there. Yields ``(rate name, bit/s, rows)`` per rate, the unshaped
+    link's rate measured (:meth:`Cluster.measure`). Used by the network sections of 06 and 08."""
+    with Cluster(hosts) as net:
+        for rate in rates:
+            net.shape(rate)
+            name = rate or "unshaped"
+            bits = rate_bits(rate) or 1e6 * net.measure(net.hosts[0], net.hosts[1], mbytes=200)
+            path = Path(f"{out}.{name}.json")
+            path.unlink(missing_ok=True)
+            print(f"links at {name}: {what} on {', '.join(h.name for h in net.hosts)} ...",
+                  flush=True)
+            net.torchrun(module, 1, [*map(str, args), "--out", str(path)], module=True,
+                         timeout=timeout, echo=False, threads_per_process=1,
+                         what=f"{what} at {name}")
+            rows = json.loads(path.read_text())["rows"]
+            path.unlink()
+            yield name, bits, rows
 
 
 # ---------------------------------------------------------------------- helpers

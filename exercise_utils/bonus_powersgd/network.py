@@ -53,30 +53,20 @@ def sweep(student="work/08_powersgd.py", ranks=experiments.RANKS, rates=RATES, h
         exercise_utils.cluster.ClusterUnavailable: not root (the notebook says so and skips).
     """
     from .. import cluster
+    args = ["--student", student, "--ranks", *ranks, "--methods", "uncompressed", "yours",
+            "--epochs", 1, "--train-size", TRAIN_SIZE, "--test-size", TEST_SIZE,
+            "--hidden", *hidden, "--threads", 1]
     rows = []
-    with cluster.Cluster(2) as net:
-        for rate in rates:
-            net.shape(rate)
-            bits = BITS.get(rate) or 1e6 * net.measure(net.hosts[0], net.hosts[1], mbytes=200)
-            path = Path(f"{out}.{rate or 'unshaped'}.json")
-            path.unlink(missing_ok=True)
-            args = ["--student", student, "--ranks", *map(str, ranks), "--methods",
-                    "uncompressed", "yours", "--epochs", "1", "--train-size", str(TRAIN_SIZE),
-                    "--test-size", str(TEST_SIZE), "--hidden", *map(str, hidden),
-                    "--threads", "1", "--out", str(path)]
-            print(f"link {rate or 'unshaped'}: {len(hidden) * (len(ranks) + 1)} trainings on "
-                  "h0 and h1 ...", flush=True)
-            net.torchrun(experiments.__name__, 1, args, module=True, timeout=timeout,
-                         echo=False, threads_per_process=1, what=f"the training at {rate}")
-            for row in json.loads(path.read_text())["rows"]:
-                times = row["step_times"][SKIP:]
-                rows.append({"hidden": row["hidden"], "params": row["params"],
-                             "method": row["method"], "rank": row["rank"],
-                             "rate": rate or "unshaped", "rate_bits": bits,
-                             "step_s": statistics.median(times),
-                             "bytes_per_step": row["bytes_per_worker"] / row["steps"],
-                             "accuracy": row["accuracy"]})
-            path.unlink()
+    for name, bits, got in cluster.each_rate(experiments.__name__, args, rates, out,
+                                             f"{len(hidden) * (len(ranks) + 1)} trainings",
+                                             timeout=timeout):
+        for row in got:
+            times = row["step_times"][SKIP:]
+            rows.append({"hidden": row["hidden"], "params": row["params"],
+                         "method": row["method"], "rank": row["rank"], "rate": name,
+                         "rate_bits": bits, "step_s": statistics.median(times),
+                         "bytes_per_step": row["bytes_per_worker"] / row["steps"],
+                         "accuracy": row["accuracy"]})
     Path(out).write_text(json.dumps(rows, indent=1))
     return rows
 

@@ -14,9 +14,8 @@ min(compute, comm_flat)`` (1: the shorter of the two entirely hidden behind the 
 Used in 06_build_your_own_ddp (:func:`sweep`, :func:`table`, :func:`plot`).
 """
 import statistics
-from pathlib import Path
 
-from ..bench import load_json, pyplot, save_figure, save_json
+from ..bench import pyplot, save_figure, save_json
 from ..config import quick
 from . import bench
 
@@ -41,28 +40,18 @@ def sweep(work="work/06_myddp.py", rates=RATES, cap=CAP, out=OUT, timeout=TIMEOU
         cap: the bucket cap (MiB) of ``bucket`` and ``torch``.
         out: JSON file for the rows.
     Returns:
-        list[dict]: :mod:`.bench`'s rows with ``rate`` (the name), ``vs_flat`` and
-        ``hidden_share`` added.
+        list[dict]: :mod:`.bench`'s rows with ``rate`` (the name), ``rate_bits`` (bit/s, the
+        unshaped link's measured), ``vs_flat`` and ``hidden_share`` added.
     Raises:
         exercise_utils.cluster.ClusterUnavailable: not root (the notebook says so and skips).
     """
     from .. import cluster
+    args = ["--work", work, "--caps", cap, "--width", WIDTH, "--threads", bench.THREADS,
+            "--warmup", WARMUP, "--repeats", REPEATS, "--comm-repeats", COMM_REPEATS]
     rows = []
-    with cluster.Cluster(2) as net:
-        for rate in rates:
-            net.shape(rate)
-            name = rate or "unshaped"
-            path = Path(f"{out}.{name}.json")
-            path.unlink(missing_ok=True)
-            args = ["--work", str(work), "--out", str(path), "--caps", str(cap),
-                    "--width", str(WIDTH), "--threads",
-                    str(bench.THREADS), "--warmup", str(WARMUP), "--repeats", str(REPEATS),
-                    "--comm-repeats", str(COMM_REPEATS)]
-            print(f"links at {name}: every variant on h0 and h1 ...", flush=True)
-            net.torchrun(bench.__name__, 1, args, module=True, timeout=timeout, echo=False,
-                         threads_per_process=bench.THREADS, what=f"the DDP benchmark at {name}")
-            rows += [dict(r, rate=name) for r in with_flat_ratios(load_json(path)["rows"])]
-            path.unlink()
+    for name, bits, got in cluster.each_rate(bench.__name__, args, rates, out,
+                                             "every variant", timeout=timeout):
+        rows += [dict(r, rate=name, rate_bits=bits) for r in with_flat_ratios(got)]
     save_json(out, rows)
     return rows
 
