@@ -61,7 +61,12 @@ def assert_ran_without_errors(course, student, stem):
         for out in cell.get("outputs", []):
             assert out.get("output_type") != "error", (
                 f"{student}: the cell starting {''.join(cell['source'])[:80]!r} raised "
-                f"{out.get('ename')}: {out.get('evalue', '')[:500]}")
+                f"{out.get('ename')}: {_ends(out.get('evalue', ''))}")
+
+
+def _ends(text, head=400, tail=3000):
+    """The start and the end of a long error (a launch's last output holds the cause)."""
+    return text if len(text) <= head + tail else f"{text[:head]}\n[...]\n{text[-tail:]}"
 
 
 def autograde(tmp_path, stem, submissions, timeout=1500, whole_notebook=True):

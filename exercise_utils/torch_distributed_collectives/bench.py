@@ -157,10 +157,11 @@ def run_ring_benchmark(work="work", procs=PROCS, out=OUT, extra=(), echo=True, t
     return load_json(out)["rows"]
 
 
-def run_on_hosts(work="work", hosts=3, rate="100mbit", sizes_kib=(1024, 4096), repeats=3,
+def run_on_hosts(work="work", hosts=3, rate="100mbit", sizes_kib=None, repeats=3,
                  out="results/03_ring_network.json", timeout=TIMEOUT):
     """The same benchmark with one process on each of ``hosts`` hosts of an
-    :class:`exercise_utils.cluster.Cluster`, every link shaped to ``rate``.
+    :class:`exercise_utils.cluster.Cluster`, every link shaped to ``rate``, tensors of
+    ``sizes_kib`` KiB (default 1024 and 4096; quick mode 1024).
 
     Returns:
         list of dicts as :func:`run_ring_benchmark`'s, each with ``rate`` (bit/s),
@@ -171,6 +172,7 @@ def run_on_hosts(work="work", hosts=3, rate="100mbit", sizes_kib=(1024, 4096), r
         exercise_utils.cluster.ClusterUnavailable: not root (the notebook says so and skips).
     """
     from .. import cluster
+    sizes_kib = sizes_kib or quick((1024, 4096), (1024,))
     out = Path(out)
     out.unlink(missing_ok=True)
     args = ["--work", str(work), "--out", str(out), "--sizes-kib", *map(str, sizes_kib),
