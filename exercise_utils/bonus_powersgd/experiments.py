@@ -141,7 +141,8 @@ def train_one(args, method, r, student, train, test, rank, k, hidden=HIDDEN):
             counter.original(seen)                 # bookkeeping: not counted
             losses.append(float(seen[0] / seen[1]))
     train_s = time.perf_counter() - start
-    row = {"method": method, "rank": r, "hidden": hidden, "params": numel, "workers": k, "steps": step, "epochs": args.epochs,
+    row = {"method": method, "rank": r, "hidden": hidden, "params": numel, "workers": k,
+           "steps": step, "epochs": args.epochs,
            "start_iter": args.start_iter if method != "uncompressed" else None,
            "bytes_per_worker": counter.bytes, "uncompressed_bytes": 4 * numel * step,
            "compression": 4 * numel * step / max(1, counter.bytes), "train_loss": losses,

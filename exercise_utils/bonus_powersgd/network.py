@@ -17,17 +17,14 @@ form, but DDP overlaps part of the communication with backward and a step of a f
 milliseconds varies by about one from run to run: fitted, ``c`` came out different at every
 rate. Used in 08_bonus_powersgd.
 """
-import json
 import math
 import statistics
-from pathlib import Path
 
-from ..bench import pyplot, save_figure
+from ..bench import pyplot, save_figure, save_json
 from ..config import quick
 from . import experiments
 
 RATES = quick(("100mbit", "1gbit", None), ("100mbit", None))   # None: unshaped
-BITS = {"100mbit": 1e8, "1gbit": 1e9}
 HIDDEN = (experiments.HIDDEN, 2048)     # notebook 08's DropoutNet, and a wide one
 TRAIN_SIZE = quick(2560, 1280)          # 2 workers x batch 32: 40 (quick: 20) steps each
 TEST_SIZE = quick(2000, 500)            # test examples (worker 0 evaluates)
@@ -67,7 +64,7 @@ def sweep(student="work/08_powersgd.py", ranks=experiments.RANKS, rates=RATES, h
                          "rate_bits": bits, "step_s": statistics.median(times),
                          "bytes_per_step": row["bytes_per_worker"] / row["steps"],
                          "accuracy": row["accuracy"]})
-    Path(out).write_text(json.dumps(rows, indent=1))
+    save_json(out, rows)
     return rows
 
 

@@ -37,6 +37,7 @@ GLOO_TIMEOUT = 60                   # seconds a rank waits in a collective befor
 OUT = "results/03_ring_vs_allreduce.json"
 PLOT = "results/03_ring_vs_allreduce.png"
 TIMEOUT = quick(180, 90)            # seconds before the launched benchmark is killed
+NETWORK_SIZES_KIB = quick((1024, 4096), (1024,))   # tensor sizes of run_on_hosts
 FILE = "03_ring_allreduce.py"
 MARK = "ring benchmark error: "       # prefixes the lines that say why the benchmark stopped
 
@@ -157,11 +158,11 @@ def run_ring_benchmark(work="work", procs=PROCS, out=OUT, extra=(), echo=True, t
     return load_json(out)["rows"]
 
 
-def run_on_hosts(work="work", hosts=3, rate="100mbit", sizes_kib=None, repeats=3,
-                 out="results/03_ring_network.json", timeout=TIMEOUT):
+def run_on_hosts(work="work", hosts=3, rate="100mbit", sizes_kib=NETWORK_SIZES_KIB,
+                 repeats=3, out="results/03_ring_network.json", timeout=TIMEOUT):
     """The same benchmark with one process on each of ``hosts`` hosts of an
     :class:`exercise_utils.cluster.Cluster`, every link shaped to ``rate``, tensors of
-    ``sizes_kib`` KiB (default 1024 and 4096; quick mode 1024).
+    ``sizes_kib`` KiB.
 
     Returns:
         list of dicts as :func:`run_ring_benchmark`'s, each with ``rate`` (bit/s),
@@ -172,7 +173,6 @@ def run_on_hosts(work="work", hosts=3, rate="100mbit", sizes_kib=None, repeats=3
         exercise_utils.cluster.ClusterUnavailable: not root (the notebook says so and skips).
     """
     from .. import cluster
-    sizes_kib = sizes_kib or quick((1024, 4096), (1024,))
     out = Path(out)
     out.unlink(missing_ok=True)
     args = ["--work", str(work), "--out", str(out), "--sizes-kib", *map(str, sizes_kib),
