@@ -7,9 +7,8 @@ Modules:
 * ``checks_overlap``: ``check_overlap`` and ``check_buckets``;
 * ``launches``: the launches the checks share (one per world size for every stage, kept per
   file content), and the rejection of communication below the recorder;
-* ``probes``: what runs inside the ranks those checks start (one probe a stage);
-* ``recorder``: the recorder of every collective those probes see, including those that
-  reach the ProcessGroup below ``torch.distributed``'s functions (integrity violations);
+* ``probes``: what runs inside the ranks those checks start (one probe a stage), with the
+  core's ``exercise_utils.recorder`` logging every collective they see;
 * ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
   file in ``tests/wrong/``);
 * ``reference``: the models, batches and single-process replay probes and checks share;

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..models import TinyMLP
 from ..rankworker import not_implemented
-from .recorder import Recorder
+from ..recorder import Recorder
 from .reference import (BUCKET_CAPS, DATA_SIZE, GLOBAL_BATCH, LR, MOMENTUM, STEPS, UNUSED_AT,
                         batch, dataset, grads_of, named_state, seeded_model)
 

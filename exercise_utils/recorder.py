@@ -1,4 +1,4 @@
-"""The recorder of notebook 06's checks: every collective the student's code issues, in order.
+"""The recorder of a check: every collective the student's code issues, in order.
 
 :class:`Recorder` replaces the ``torch.distributed`` collectives (and the names the student's
 module imported from it) by recording wrappers: which collective, how many elements,
@@ -9,14 +9,14 @@ those functions (``dist.group.WORLD.allreduce([t])``, ``torch.distributed.distri
 integrity violation. Every call the recorder or the probe makes itself runs inside
 ``paths.sanctioned()`` and is not hidden.
 
-Used in 06_build_your_own_ddp (by :mod:`.probes`).
+Used in 06_build_your_own_ddp and 09_bonus_fsdp (by their probes).
 """
 import contextlib
 
 import torch
 import torch.distributed as dist
 
-from .. import pgwatch
+from . import pgwatch
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce", "reduce_scatter", "barrier",
                "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce_coalesced",
