@@ -73,9 +73,11 @@ class Beat:
     def _run(self):
         while not self.done.is_set():
             frames = sys._current_frames().get(self.main)
+            where = _where(frames, self.student)
+            del frames      # at once: a frame kept keeps its locals (tensors) alive after the
+            #                 main thread has left it, and a check that measures memory sees them
             info = {"pid": os.getpid(), "t": time.time(), "phase": self.phase,
-                    "cpu": _cpu(self.me, time.thread_time()), **_where(frames, self.student)}
-            del frames
+                    "cpu": _cpu(self.me, time.thread_time()), **where}
             tmp = self.target.with_suffix(f".{os.getpid()}.tmp")
             try:
                 tmp.write_text(json.dumps(info))

@@ -26,6 +26,7 @@ import datetime
 import gc
 
 import torch
+import torch._dynamo  # noqa: F401 - the ranks' optimizers need it: imported once, before they fork
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F

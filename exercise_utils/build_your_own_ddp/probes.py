@@ -20,6 +20,7 @@ import gc
 from pathlib import Path
 
 import torch
+import torch._dynamo  # noqa: F401 - the ranks' optimizers need it: imported once, before they fork
 import torch.distributed as dist
 import torch.nn.functional as F
 
