@@ -1,0 +1,12 @@
+"""Notebook 09 (bonus), ZeRO stages 2 and 3 (FSDP) from scratch, measured against FSDP2.
+
+Modules:
+
+* ``checks``: ``check_zero2``, ``check_zero3`` and ``check_state_dict``;
+* ``probes``: what runs inside the ranks those checks start (with the core's
+  ``exercise_utils.recorder`` logging every collective);
+* ``memory``: the bytes of the tensors a rank actually holds (probes and benchmark);
+* ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
+  file in ``tests/wrong/``);
+* ``bench``: peak memory and step time of DDP, ZeRO-1, your ZeRO-2 and ZeRO-3 and FSDP2.
+"""
