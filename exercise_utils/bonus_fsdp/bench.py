@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..config import quick
 
-WIDTH = quick(1024, 256)        # hidden features: 6.3M parameters (25 MB) in full mode
+WIDTH = quick(768, 256)         # hidden features: 3.55M parameters (13.5 MiB) in full mode
 DEPTH = 6                       # hidden Linear + ReLU blocks: the units of zero3 and fsdp2
 BATCH = 32                      # examples per rank and step
 WARMUP, STEPS = 2, quick(5, 3)  # steps before timing; timed steps (median)
