@@ -19,6 +19,7 @@ import time
 import traceback
 
 import torch
+import torch._dynamo  # noqa: F401 - the ranks' optimizers need it: imported once, before they fork
 
 from .. import models
 from . import runner, tricks
