@@ -131,3 +131,35 @@ def _interactive():
         return get_ipython() is not None  # noqa: F821 - defined inside IPython only
     except NameError:
         return False
+
+
+def gather_rows(rows, args, world, start):
+    """Every rank's rows to rank 0, which writes ``{"config", "rows"}`` to ``args.out`` (a
+    launched benchmark's last step; ``start``: its ``time.perf_counter()`` at the beginning).
+    Used by the torchrun benchmarks of 07_bonus_zero_sharding and 09_bonus_fsdp."""
+    import torch.distributed as dist
+    gathered = [None] * world
+    dist.all_gather_object(gathered, rows)
+    if dist.get_rank() == 0:
+        rows = [r for per_rank in gathered for r in per_rank]
+        config = dict(vars(args), world_size=world, seconds=time.perf_counter() - start)
+        save_json(args.out, {"config": config, "rows": rows})
+
+
+def torchrun_rows(module, world_sizes, out, args, timeout, echo=True, threads=1, env=None):
+    """Launch ``python -m module`` under torchrun once per world size (``args`` then
+    ``--threads`` and ``--out`` a part file per launch), collect every launch's rows and write
+    them all to ``out``; return them. Used by :func:`gather_rows`'s benchmarks."""
+    from . import launch
+    out, rows = Path(out), []
+    for world in world_sizes:
+        part = out.with_name(f"{out.stem}_{world}{out.suffix}")
+        part.unlink(missing_ok=True)
+        launch.torchrun(module, world, [*args, "--threads", threads, "--out", part],
+                        extra=["-m"], env=env, timeout=timeout, echo=echo,
+                        threads_per_process=threads,
+                        what=f"`torchrun --nproc-per-node {world} -m {module}`")
+        rows += load_json(part)["rows"]
+        part.unlink()
+    save_json(out, rows)
+    return rows

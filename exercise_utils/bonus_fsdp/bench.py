@@ -22,10 +22,8 @@ Used in 09_bonus_fsdp (:func:`run`, :func:`table`, :func:`plot`, :func:`model_mb
 """
 import argparse
 import gc
-import json
 import sys
 import time
-from pathlib import Path
 
 from ..config import quick
 
@@ -159,8 +157,7 @@ def measure(variant, student, args, rank, world):
 def main(argv=None):
     """Entry point of every rank started by torchrun (see the module docstring)."""
     args = parse_args(argv)
-    import torch.distributed as dist
-    from ..bench import save_json
+    from ..bench import gather_rows
     from ..rankworker import gloo_group, load_student
     from .memory import start as start_measuring
 
@@ -176,12 +173,7 @@ def main(argv=None):
             if rank == 0:
                 print(f"{world} ranks, {variant}: {rows[-1]['step_ms']:.1f} ms per step, "
                       f"peak {rows[-1]['peak_mb']:.1f} MB", flush=True)
-        gathered = [None] * world
-        dist.all_gather_object(gathered, rows)
-        if rank == 0:
-            rows = [r for per_rank in gathered for r in per_rank]
-            config = dict(vars(args), world_size=world, seconds=time.perf_counter() - start)
-            save_json(args.out, {"config": config, "rows": rows})
+        gather_rows(rows, args, world, start)
 
 
 def run(work="work/09_fsdp.py", out="results/09_fsdp_bench.json", world_sizes=WORLD_SIZES,
@@ -195,20 +187,9 @@ def run(work="work/09_fsdp.py", out="results/09_fsdp_bench.json", world_sizes=WO
     Returns:
         list[dict]: variant, world_size, rank, state_mb, peak_mb, step_ms, loss, param_mb.
     """
-    from .. import launch
-    out, rows = Path(out), []
-    for world in world_sizes:
-        part = out.with_name(f"{out.stem}_{world}{out.suffix}")
-        part.unlink(missing_ok=True)
-        args = ["--work", work, "--threads", THREADS, "--out", part, *extra]
-        launch.torchrun(__name__, world, args, extra=["-m"], timeout=timeout, echo=echo,
-                        threads_per_process=THREADS,
-                        what=f"`torchrun --nproc-per-node {world} -m {__name__}`")
-        rows += json.loads(part.read_text())["rows"]
-        part.unlink()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1))
-    return rows
+    from ..bench import torchrun_rows
+    return torchrun_rows(__name__, world_sizes, out, ["--work", work, *extra], timeout, echo,
+                         THREADS, env=None)
 
 
 def model_mb(variant, param_mb, world):

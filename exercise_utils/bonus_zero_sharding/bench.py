@@ -21,11 +21,9 @@ Rank 0 writes JSON. Used in 07_bonus_zero_sharding (:func:`run`, :func:`table`, 
 """
 import argparse
 import gc
-import json
 import sys
 import threading
 import time
-from pathlib import Path
 
 from ..config import quick
 
@@ -132,8 +130,7 @@ def measure(variant, zero, args, rank, world):
 def main(argv=None):
     """Entry point of every rank started by torchrun (see the module docstring)."""
     args = parse_args(argv)
-    import torch.distributed as dist
-    from ..bench import save_json
+    from ..bench import gather_rows
     from ..rankworker import gloo_group, load_student
 
     with gloo_group(PG_TIMEOUT_S, args.threads) as (rank, world):
@@ -144,12 +141,7 @@ def main(argv=None):
         flats = dict(zip(VARIANTS, flats))
         for row in rows:
             row["param_diff"] = float((flats[row["variant"]] - flats["adam"]).abs().max())
-        gathered = [None] * world
-        dist.all_gather_object(gathered, rows)
-        if rank == 0:
-            rows = [r for per_rank in gathered for r in per_rank]
-            config = dict(vars(args), world_size=world, seconds=time.perf_counter() - start)
-            save_json(args.out, {"config": config, "rows": rows})
+        gather_rows(rows, args, world, start)
 
 
 def run(work="work/07_zero.py", out="results/07_zero_bench.json", world_sizes=WORLD_SIZES,
@@ -163,20 +155,9 @@ def run(work="work/07_zero.py", out="results/07_zero_bench.json", world_sizes=WO
     Returns:
         list[dict]: variant, world_size, rank, state_mb, rss_mb, param_mb, param_diff.
     """
-    from .. import launch
-    out, rows = Path(out), []
-    for world in world_sizes:
-        part = out.with_name(f"{out.stem}_{world}{out.suffix}")
-        part.unlink(missing_ok=True)
-        args = ["--work", work, "--threads", THREADS, "--out", part, *extra]
-        launch.torchrun(__name__, world, args, extra=["-m"], env=MALLOC_ENV, timeout=timeout,
-                        echo=echo, threads_per_process=THREADS,
-                        what=f"`torchrun --nproc-per-node {world} -m {__name__}`")
-        rows += json.loads(part.read_text())["rows"]
-        part.unlink()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1))
-    return rows
+    from ..bench import torchrun_rows
+    return torchrun_rows(__name__, world_sizes, out, ["--work", work, *extra], timeout, echo,
+                         THREADS, env=MALLOC_ENV)
 
 
 def summary(rows):
