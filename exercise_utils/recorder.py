@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from . import pgwatch
+from .integrity import VIOLATION
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce", "reduce_scatter", "barrier",
                "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce_coalesced",
@@ -96,3 +97,30 @@ class Recorder:
     def take_hidden(self):
         hidden, self.hidden[:] = list(self.hidden), []
         return hidden
+
+
+def verify_no_hidden(res, where, functions):
+    """Raise for communication that bypassed the recorded functions (``out["hidden"]`` of each
+    rank's result, :meth:`Recorder.take_hidden`): a collective below them is an integrity
+    violation, a point-to-point message is off-topic.
+
+    Args:
+        res: the per-rank results. where: where it happened, for the message ("in stage
+            'flat'"). functions: the collectives the notebook asks for ("dist.all_reduce,
+            dist.broadcast").
+    Used in 06_build_your_own_ddp and 09_bonus_fsdp (their checks).
+    """
+    for rank, out in enumerate(res):
+        hidden = out.get("hidden") or []
+        below = sorted({e[0] for e in hidden if "." in e[0]})
+        if below:
+            raise AssertionError(
+                f"{VIOLATION}: rank {rank} reached {', '.join(below)} {where}, below "
+                "torch.distributed's functions where the check records communication. "
+                f"Communicate only through {functions} (the functions of torch.distributed), "
+                "as the notebook says")
+        if hidden:
+            raise AssertionError(
+                f"rank {rank} sent or received point-to-point messages {where} "
+                f"({sorted({e[0] for e in hidden})}): this notebook communicates with "
+                f"collectives only ({functions})")

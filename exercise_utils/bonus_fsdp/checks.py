@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..harness import HANG_AFTER, assert_close, run_ranks
-from ..integrity import VIOLATION
+from ..recorder import verify_no_hidden
 from . import probes
 
 WORLD_SIZES = (2, 3)
@@ -61,16 +61,9 @@ def _results(path, stages, stage):
                              "it first.")
     for size in WORLD_SIZES:
         res = _launch(path, size, stages)
-        for rank, out in enumerate(res):
-            below = sorted({e[0] for e in out["hidden"] if "." in e[0]})
-            if below:
-                raise AssertionError(
-                    f"{VIOLATION}: rank {rank} reached {', '.join(below)}, below "
-                    "torch.distributed's functions where the check records communication. "
-                    "Communicate only through the functions of torch.distributed")
-            if out["hidden"]:
-                raise AssertionError(f"rank {rank} sent point-to-point messages: this notebook "
-                                     "communicates with collectives only")
+        verify_no_hidden(res, f"with {size} ranks",
+                         "dist.all_gather_into_tensor / dist.reduce_scatter_tensor")
+        for out in res:
             for name in stages:
                 if "todo" in out[name]:
                     raise AssertionError(

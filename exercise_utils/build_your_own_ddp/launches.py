@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..harness import HANG_AFTER, run_ranks
-from ..integrity import VIOLATION
+from .. import recorder
 from . import probes
 from . import reference as ref
 
@@ -55,7 +55,8 @@ def stage_results(path, stage, timeout):
             entry["results"].update(results)
             entry["errors"].update(errors)
         failed |= set(entry["errors"])       # a stage that failed with 2 ranks: not again
-        verify_no_hidden(entry["results"][stage], stage)
+        recorder.verify_no_hidden(entry["results"][stage], f"in stage '{stage}'",
+                                  "dist.all_reduce / dist.broadcast")
         yield size, where, entry["results"][stage]
 
 
@@ -111,22 +112,3 @@ def raise_if_todo(res, path):
             raise AssertionError(f"not implemented yet: {todo} in {path} still raises "
                                  f"NotImplementedError. Replace the `raise` line with your "
                                  f"code, then run the %%writefile cell again.")
-
-
-def verify_no_hidden(res, stage):
-    """Communication that bypassed the recorded torch.distributed functions (:mod:`.recorder`):
-    a collective below them is an integrity violation, a point-to-point message off-topic."""
-    for rank, out in enumerate(res):
-        hidden = out.get("hidden") or []
-        below = sorted({e[0] for e in hidden if "." in e[0]})
-        if below:
-            raise AssertionError(
-                f"{VIOLATION}: rank {rank} reached {', '.join(below)} in stage '{stage}', below "
-                "torch.distributed's functions where the check records communication. "
-                "Communicate only through dist.all_reduce / dist.broadcast (the functions of "
-                "torch.distributed), as the notebook says")
-        if hidden:
-            raise AssertionError(
-                f"rank {rank} sent or received point-to-point messages in stage '{stage}' "
-                f"({sorted({e[0] for e in hidden})}): every stage of this notebook communicates "
-                "with collectives only (dist.all_reduce, dist.broadcast)")
