@@ -6,7 +6,8 @@ A checker never imports student code into the notebook kernel. It calls
 student file in each, calls a *probe* (a function of a topic's ``probes`` module, e.g.
 :func:`exercise_utils.mpi_parallel_sgd.probes.probe_sgd`) with the student module, and
 collects one result per rank.
-Every failure becomes an ``AssertionError`` a student can act on: "not implemented
+Every failure becomes a :class:`~exercise_utils.contract.CheckFailure` (an ``AssertionError``,
+charged to a case of the exercise's contract) a student can act on: "not implemented
 yet", "rank 1 raised ...", "hung: ranks issued different collectives?" (only when every
 unfinished rank stopped making progress: :mod:`.heartbeat`), "the check's integrity was
 violated" (:mod:`.integrity`), or, via :func:`assert_close`, "rank 2 differs by 3e-02 in
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from . import heartbeat, integrity, launch
+from .contract import CheckFailure
 
 
 HANG_AFTER = 60    # seconds every unfinished rank may stand still before a check calls it a hang
@@ -29,7 +31,7 @@ LIMIT = 600        # seconds a check's launch may run while making progress (an 
 
 
 def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HANG_AFTER,
-              what=None, limit=LIMIT, warm_up=False):
+              what=None, limit=LIMIT, warm_up=False, case=None):
     """Run ``probe(student_module, ctx, **kwargs)`` on every rank; return per-rank results.
 
     Args:
@@ -52,19 +54,22 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
             ``torch._dynamo``: seconds of CPU). Only for probes whose student code runs its own
             process group with a short timeout (notebook 04): elsewhere a rank that imports
             between two collectives is making progress, and the others wait for it.
+        case: the check case this launch runs (:mod:`.contract`): a crash, hang or endless
+            loop of the student's code is charged to it, unless the probe named the case it
+            was running (``ctx.case(name)``).
     Returns:
         list: the probe's return value on rank 0, 1, ...
     Raises:
-        AssertionError: with a message for the student on any failure; one that says
-            "the check's integrity was violated" when the student's file forged a result or
-            changed the checker's code (:mod:`.integrity`).
+        CheckFailure: (an ``AssertionError``) with a message for the student on any failure;
+            one that says "the check's integrity was violated" when the student's file forged
+            a result or changed the checker's code (:mod:`.integrity`).
     """
     path = Path(path)
     if callable(probe):
         probe = f"{probe.__module__}:{probe.__qualname__}"
     what = what or probe.split(":")[-1]
     if not path.is_file():
-        raise AssertionError(f"{path} does not exist: run the %%writefile cell that creates it first.")
+        raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it first.")
     with tempfile.TemporaryDirectory(prefix="dtfs-check-") as tmp:
         args_file = Path(tmp) / "kwargs.pkl"
         args_file.write_bytes(pickle.dumps(kwargs or {}))
@@ -78,26 +83,27 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
             _launch(worker_args, world_size, backend, limit, what, watch)
         except launch.LaunchHang as err:
             reports = _reports(tmp, world_size, keys)
-            _raise_student_errors(reports, path)
-            raise AssertionError(_hang_message(what, backend, world_size, reports, err.report,
-                                               path)) from None
+            _raise_student_errors(reports, path, case)
+            running = [s.get("case") for s in err.report if s.get("case")]
+            raise CheckFailure(_hang_message(what, backend, world_size, reports, err.report,
+                                             path), running[0] if running else case) from None
         except launch.LaunchTimeout:
-            _raise_student_errors(_reports(tmp, world_size, keys), path)
+            _raise_student_errors(_reports(tmp, world_size, keys), path, case)
             seen = "\n  ".join(watch.summary(path))
-            raise AssertionError(
+            raise CheckFailure(
                 f"{what} was still running after {limit} s with {world_size} {backend} "
                 f"processes and kept making progress, so all were stopped: an endless loop?"
-                f"\n  {seen}") from None
+                f"\n  {seen}", case) from None
         except launch.LaunchError as err:
-            _raise_student_errors(_reports(tmp, world_size, keys), path)
-            raise AssertionError(f"{what}: the worker processes failed before reporting a "
-                                 f"result.\n{err}") from None
+            _raise_student_errors(_reports(tmp, world_size, keys), path, case)
+            raise CheckFailure(f"{what}: the worker processes failed before reporting a "
+                               f"result.\n{err}", case) from None
         reports = _reports(tmp, world_size, keys)
-        _raise_student_errors(reports, path)
+        _raise_student_errors(reports, path, case)
         missing = [r for r in range(world_size) if r not in reports]
         if missing:
-            raise AssertionError(f"rank {missing[0]} finished without reporting a result "
-                                 f"(did your code call sys.exit or MPI Finalize?)")
+            raise CheckFailure(f"rank {missing[0]} finished without reporting a result "
+                               f"(did your code call sys.exit or MPI Finalize?)", case)
         return [reports[r]["value"] for r in range(world_size)]
 
 
@@ -144,19 +150,20 @@ def _reports(tmp, world_size, keys):
             continue
         payload = integrity.verify(keys[r], data)
         if payload is None:
-            raise AssertionError(f"{integrity.VIOLATION}: rank {r}'s result was not written by "
+            raise CheckFailure(f"{integrity.VIOLATION}: rank {r}'s result was not written by "
                                  f"the checker (its signature is wrong): your file must not "
                                  f"write the check's results itself.")
         found[r] = pickle.loads(payload)
         if found[r].get("tampered"):
-            raise AssertionError(f"{integrity.VIOLATION}: on rank {r} your file changed the "
+            raise CheckFailure(f"{integrity.VIOLATION}: on rank {r} your file changed the "
                                  f"checker's code: {', '.join(found[r]['tampered'][:5])}. "
                                  f"Exercise files must not patch the checks.")
     return found
 
 
-def _raise_student_errors(reports, path):
-    """Turn the first error a rank reported into an AssertionError for the student."""
+def _raise_student_errors(reports, path, case=None):
+    """Turn the first error a rank reported into a :class:`CheckFailure` for the student,
+    charged to the case the rank was running (else ``case``)."""
     # The first rank to fail is the cause; later errors are usually its consequence
     # (e.g. gloo's "Connection closed by peer" on the ranks that were waiting for it).
     errors = sorted(((r, rep) for r, rep in reports.items() if not rep["ok"]),
@@ -166,37 +173,47 @@ def _raise_student_errors(reports, path):
     todo = list(dict.fromkeys(rep["where"] for _, rep in errors
                               if rep["type"] == "NotImplementedError"))
     if todo:
-        raise AssertionError(f"not implemented yet: {', '.join(todo)} in {path} still raise"
+        raise CheckFailure(f"not implemented yet: {', '.join(todo)} in {path} still raise"
                              f"{'s' if len(todo) == 1 else ''} NotImplementedError. Replace the "
                              f"`raise` line with your code, then run the %%writefile cell again.")
     rank, rep = errors[0]
-    raise AssertionError(f"rank {rank} raised {rep['type']}: {rep['message']}\n"
-                         f"{rep['traceback']}")
+    running = rep.get("case") or case
+    during = f" in check case '{running}'" if running else ""
+    raise CheckFailure(f"rank {rank} raised {rep['type']}{during}: {rep['message']}\n"
+                       f"{rep['traceback']}", running)
 
 
-def assert_close(actual, expected, what, rank=None, atol=1e-5, rtol=1e-4):
-    """Compare named arrays; raise an AssertionError naming the rank, the tensor and the error.
+def assert_close(actual, expected, what, rank=None, atol=1e-5, rtol=1e-4, case=None,
+                 dtype=False):
+    """Compare named arrays; raise a CheckFailure naming the rank, the tensor and the error.
 
     Args:
         actual, expected: dicts name -> array-like (or a single array-like).
         what: what the values are ("parameters after 4 steps").
         rank: the rank the actual values come from (for the message).
         atol, rtol: tolerances as in ``numpy.allclose``.
+        case: the check case that compares them (:mod:`.contract`).
+        dtype: also require each actual array to have the expected one's dtype.
     """
     if not isinstance(expected, dict):
         actual, expected = {"value": actual}, {"value": expected}
     where = f"rank {rank}" if rank is not None else "your result"
     missing = sorted(set(expected) - set(actual))
     if missing:
-        raise AssertionError(f"{where}: {what} lacks {missing}")
+        raise CheckFailure(f"{where}: {what} lacks {missing}", case)
     for name, exp in expected.items():
+        if dtype and np.asarray(actual[name]).dtype != np.asarray(exp).dtype:
+            raise CheckFailure(f"{where}: {name} is {np.asarray(actual[name]).dtype}, expected "
+                               f"{np.asarray(exp).dtype} ({what}): keep the dtype you were "
+                               f"given", case)
         a, e = np.asarray(actual[name], dtype=np.float64), np.asarray(exp, dtype=np.float64)
         if a.shape != e.shape:
-            raise AssertionError(f"{where}: {name} has shape {a.shape}, expected {e.shape} ({what})")
+            raise CheckFailure(f"{where}: {name} has shape {a.shape}, expected {e.shape} "
+                               f"({what})", case)
         if not np.allclose(a, e, atol=atol, rtol=rtol):
             diff = float(np.max(np.abs(a - e)))
-            raise AssertionError(f"{where} differs by {diff:.1e} in {name} ({what}; max abs "
-                                 f"difference, tolerance {atol:g} + {rtol:g}*|expected|)")
+            raise CheckFailure(f"{where} differs by {diff:.1e} in {name} ({what}; max abs "
+                               f"difference, tolerance {atol:g} + {rtol:g}*|expected|)", case)
 
 
 def state_arrays(model):

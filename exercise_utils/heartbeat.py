@@ -54,6 +54,7 @@ class Beat:
     def __init__(self, folder, rank, student, period):
         import psutil
         self.phase, self.period, self.done = "start", period, threading.Event()
+        self.case = None        # the check case the rank runs (``ctx.case``), for hang reports
         self.main = threading.main_thread().ident
         self.target = Path(folder) / f"beat{rank}.json"
         self.me = psutil.Process()
@@ -76,7 +77,7 @@ class Beat:
             where = _where(frames, self.student)
             del frames      # at once: a frame kept keeps its locals (tensors) alive after the
             #                 main thread has left it, and a check that measures memory sees them
-            info = {"pid": os.getpid(), "t": time.time(), "phase": self.phase,
+            info = {"pid": os.getpid(), "t": time.time(), "phase": self.phase, "case": self.case,
                     "cpu": _cpu(self.me, time.thread_time()), **where}
             tmp = self.target.with_suffix(f".{os.getpid()}.tmp")
             try:

@@ -101,9 +101,23 @@ def _rank():
     return int(os.environ.get("RANK", os.environ.get("PMI_RANK", 0)))
 
 
-def _context(args, rank):
+class Context(SimpleNamespace):
+    """What a probe gets beside the student module: ``rank``, ``size``, ``backend``, ``comm``
+    (MPI), and :meth:`case`."""
+
+    def __init__(self, phase, **kwargs):
+        super().__init__(**kwargs)
+        self._phase, self.current = phase, None
+
+    def case(self, name):
+        """Say which check case runs from now on: an error or a hang in the student's code is
+        charged to it (:class:`exercise_utils.contract.CheckFailure`'s ``case``)."""
+        self.current = self._phase.case = name
+
+
+def _context(args, rank, phase):
     size = int(os.environ.get("WORLD_SIZE", os.environ.get("PMI_SIZE", 1)))
-    ctx = SimpleNamespace(rank=rank, size=size, backend=args.backend, comm=None)
+    ctx = Context(phase, rank=rank, size=size, backend=args.backend, comm=None)
     if args.backend == "mpi":
         from mpi4py import MPI
         ctx.comm = MPI.COMM_WORLD
@@ -151,7 +165,7 @@ def _run_probe(args, rank, phase):
         print(f"rank {rank}: no secret for this run in {args.out}", file=sys.stderr)
         return 3
     phase("init")
-    ctx = _context(args, rank)
+    ctx = _context(args, rank, phase)
     phase("start")
     if args.warm_up:
         _warm_up()
@@ -168,7 +182,7 @@ def _run_probe(args, rank, phase):
         where, text = _student_frames(exc, args.student)
         _report(args.out, ctx.rank, {"ok": False, "type": type(exc).__name__, "message": str(exc),
                                      "where": where, "traceback": text, "time": time.time(),
-                                     "tampered": guard.changed()}, secret)
+                                     "case": ctx.current, "tampered": guard.changed()}, secret)
         if ctx.backend == "mpi":
             ctx.comm.Abort(1)
         return 1
@@ -187,7 +201,7 @@ def spawn(args, n):
     cost on 2 cores). Nothing has run on torch before the fork (no threads of its own yet);
     each rank then beats, takes its secret and sets up its group as a launched one does.
     """
-    _preload(args)
+    _preload(args, torch=n > 1 or args.backend == "gloo")
     sys.stdout.flush()
     sys.stderr.flush()
     pids = []
@@ -224,11 +238,13 @@ def spawn(args, n):
     return max(abs(c) for c in codes.values())
 
 
-def _preload(args):
-    """Import what every rank needs (torch, the probe's module) before the ranks fork."""
+def _preload(args, torch=True):
+    """Import what every rank needs before the ranks fork: the probe's module, and torch with
+    ``torch`` (a lone rank of a pure-function check imports only what its probe needs)."""
     import numpy  # noqa: F401
-    import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
+    if torch:
+        import torch  # noqa: F401
+        import torch.distributed  # noqa: F401
     importlib.import_module(args.probe.split(":")[0])
 
 

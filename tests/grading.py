@@ -133,9 +133,3 @@ def assert_release_regions_in_function_bodies(blank_file, at_least):
     raises = re.findall(r"^( *)raise NotImplementedError\(\)$", text, flags=re.M)
     assert len(raises) >= at_least and all(len(indent) >= 4 for indent in raises), raises
     compile(text, "blank", "exec")
-
-
-def assert_wrong_files_listed(prefix, expected):
-    """``tests/wrong/<prefix>_*.py`` are exactly the files ``expected`` gives messages for."""
-    stems = {p.stem for p in (ROOT / "tests" / "wrong").glob(f"{prefix}_*.py")}
-    assert stems == set(expected), f"tests/wrong/{prefix}_* and EXPECTED must list the same files"

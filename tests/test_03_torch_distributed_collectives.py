@@ -20,7 +20,6 @@ from grading import autograde_solution_and_blank
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "03_torch_distributed_collectives"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
-WRONG = ROOT / "tests" / "wrong"
 RIGHT = ROOT / "tests" / "right"
 CHECKERS = {"ring_allreduce": checks_ring.check_ring_allreduce,
             "partition": checks.check_partition,
@@ -28,49 +27,6 @@ CHECKERS = {"ring_allreduce": checks_ring.check_ring_allreduce,
             "sync_batchnorm": checks.check_sync_batchnorm}
 POINTS = 10
 TIMEOUT = 45            # a hung wrong file is reported after this
-HANG_TIMEOUT = 15       # for the file that must hang: every launch of it ends in a timeout
-
-# Each known-wrong file and a fragment of the message its checker must give.
-EXPECTED = {
-    "03_ring_allreduce_whole_tensor": "rank 0 sent a message of 1007 elements for a tensor of "
-                                      "1007 elements on 2 ranks: a ring sends chunks of about "
-                                      "numel/world_size = 504 elements",
-    "03_ring_allreduce_floor_chunks": "Only the last numel % world_size = 1 elements are wrong",
-    "03_ring_allreduce_chunk_all_reduce": "rank 0 called dist.all_reduce inside ring_all_reduce",
-    "03_ring_allreduce_blocking_send": "a send starts only once the peer has posted the "
-                                       "matching receive",
-    # whichever rank trips first: rank 0 (group [0]) sending, or one of group [1, 2, 3]
-    # sending to or receiving from the wrong neighbour
-    "03_ring_allreduce_ignores_group": "(this rank's group), with 4 ranks: dist.",
-    # the recorder stops rank 0's isend to global rank 1, or torch stops rank 2's send to itself
-    # first (a fresh-clone CI run saw the second): both messages end in the group hint
-    "03_ring_allreduce_group_ranks_as_dst": "send/recv take global ranks: translate group rank r "
-                                            "with dist.get_global_rank(group, r)",
-    "03_ring_allreduce_swapped_neighbours": "with 3 ranks: dist.isend sent to rank",
-    "03_partition_drop_remainder": "partition_sizes(11, [0.5, 0.5]) returned [5, 5]; expected [6, 5]",
-    "03_partition_global_rng": "changed the global random state",
-    "03_partition_not_shuffled": "is not shuffled",
-    "03_partition_sum_exactly_one": "partition_sizes(7, [0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, "
-                                    "0.1, 0.1]) returned [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]",
-    "03_partition_label_groups_last_larger": "contiguous groups, earlier groups one larger",
-    "03_partition_negative_fraction": "partition_sizes(10, [-0.5, 0.5, 1]) must raise ValueError",
-    "03_average_gradients_plain_mean": "Your gradients are the plain average of the ranks' gradients",
-    "03_average_gradients_world_size_divisor": "divided by world_size instead of by N",
-    "03_average_gradients_first_only": "hold different gradients of decoder.bias",
-    "03_average_gradients_ignores_group": "averaged over all 3 ranks; it must average over the "
-                                          "ranks of `group` only",
-    "03_average_gradients_zero_fills_none": "(leave parameters whose grad is None alone)",
-    "03_average_gradients_assumes_equal_counts": "divided it by different numbers",
-    "03_sync_batchnorm_local_stats": "Your output is plain BatchNorm on the local batch",
-    "03_sync_batchnorm_biased_running_var": "the running variance must use the unbiased variance",
-    "03_sync_batchnorm_plain_all_reduce": "the all_reduce must be differentiable",
-    "03_sync_batchnorm_ignores_group": "normalised with the statistics of all 3 ranks; with a "
-                                       "group they must span the batches of the group's ranks",
-    "03_sync_batchnorm_mean_of_means": "Your output is normalised with the unweighted average",
-    "03_sync_batchnorm_momentum_none_as_default": "in running_mean (running_mean after 2 steps, "
-                                                  "DistributedBatchNorm2d, 2 ranks, local batch "
-                                                  "sizes [1, 3], momentum=None",
-}
 
 
 def exercise_of(stem):
@@ -85,27 +41,6 @@ def solution_files(tmp_path_factory):
 def test_solution_writes_one_file_per_exercise():
     files = {Path(p).stem for p in writefile_cells(SOLUTION)}
     assert {f"03_{name}" for name in CHECKERS} <= files
-
-
-def test_every_wrong_file_has_an_expected_message_and_every_checker_two():
-    stems = {p.stem for p in WRONG.glob("03_*.py")}
-    assert stems == set(EXPECTED), "tests/wrong/03_* and EXPECTED must list the same files"
-    per_checker = {name: sum(exercise_of(s) == name for s in stems) for name in CHECKERS}
-    assert min(per_checker.values()) >= 2, per_checker
-
-
-@pytest.mark.parametrize("stem", sorted(EXPECTED))
-def test_checker_rejects_wrong_file(stem):
-    timeout = HANG_TIMEOUT if stem.endswith("blocking_send") else TIMEOUT
-    with pytest.raises(AssertionError) as err:
-        CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py", timeout=timeout)
-    assert EXPECTED[stem] in str(err.value)
-
-
-@pytest.mark.parametrize("stem", sorted(p.stem for p in RIGHT.glob("03_*.py")))
-def test_checker_accepts_right_file(stem):
-    """Correct files written differently from the solution (tests/right/) must pass."""
-    CHECKERS[exercise_of(stem)](RIGHT / f"{stem}.py")
 
 
 def test_every_exercise_has_two_right_files():

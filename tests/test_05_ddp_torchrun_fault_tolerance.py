@@ -17,26 +17,9 @@ from grading import autograde_solution_and_blank
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "05_ddp_torchrun_fault_tolerance"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
-WRONG = ROOT / "tests" / "wrong"
 RIGHT = ROOT / "tests" / "right"
 POINTS = 8
 CHECKERS = {"trainer": checks.check_trainer, "snapshots": checks.check_snapshots}
-
-# Each known-wrong file and a fragment of the message its checker must give.
-EXPECTED = {
-    "05_trainer_no_set_epoch": "was [0, 0, 0]; expected [0, 1, 2]. Call self.sampler.set_epoch",
-    "05_trainer_no_ddp": "the replicas differ at the end",
-    "05_trainer_no_timeout": "called init_process_group with timeout None s; expected "
-                             "config.timeout_s = 20 s",
-    "05_trainer_sampler_ignores_seed": "iterated a DistributedSampler with {'seed': 0}",
-    "05_snapshots_no_optimizer_state": "the snapshot lacks ['optimizer']",
-    "05_snapshots_in_place": "PytorchStreamReader failed reading zip archive",
-    "05_snapshots_in_place_file_object": "PytorchStreamReader failed reading zip archive",
-    "05_snapshots_every_rank_saves": "wrote the snapshot",
-    "05_snapshots_scheduler_not_restored": "the learning-rate scheduler ended after 16 steps, "
-                                           "the uninterrupted run's after 24",
-    "05_snapshots_wrapped_state_dict": "save the unwrapped module's state_dict",
-}
 
 
 def exercise_of(stem):
@@ -50,23 +33,6 @@ def solution_file(tmp_path_factory):
 
 def test_solution_writes_the_trainer_file():
     assert {Path(p).name for p in writefile_cells(SOLUTION)} == {"05_trainer.py"}
-
-
-def test_every_wrong_file_has_an_expected_message():
-    assert {p.stem for p in WRONG.glob("05_*.py")} == set(EXPECTED)
-
-
-@pytest.mark.parametrize("stem", sorted(EXPECTED))
-def test_checker_rejects_wrong_file(stem):
-    with pytest.raises(AssertionError) as err:
-        CHECKERS[exercise_of(stem)](WRONG / f"{stem}.py")
-    assert EXPECTED[stem] in str(err.value)
-
-
-@pytest.mark.parametrize("stem", sorted(p.stem for p in RIGHT.glob("05_*.py")))
-def test_checker_accepts_right_file(stem):
-    """Correct files written differently from the solution (tests/right/) must pass."""
-    CHECKERS[exercise_of(stem)](RIGHT / f"{stem}.py")
 
 
 def _simulated_setup(tmp_path, source):

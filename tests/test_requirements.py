@@ -1,17 +1,19 @@
-"""Every requirement a notebook states is checked, or the sentence goes.
+"""Every clause of every exercise's contract is checked, by a case that rejects a known-wrong file.
 
-Each notebook's package has ``requirements.py`` with ``REQUIREMENTS = {exercise: [sentence,
-...]}``: the sentences of the notebook (its text or a docstring of its ``%%writefile`` cells)
-that a correct file must satisfy, quoted word for word. For every exercise (every ``# CHECK
-<exercise>`` cell):
+Each notebook's package has ``requirements.py`` with ``CONTRACT = {exercise: [Clause(id, text,
+cases), ...]}`` (:mod:`exercise_utils.contract`): every Args / Returns / Raises clause of the
+exercise docstrings and every behavioural sentence of the notebook, word for word, with the
+check cases that exercise it. ``tests/wrong/NN_flaws.py`` holds the known-wrong files, one flaw
+each, each naming the clause it breaks and the case that must reject it (``tests/flaws.py``;
+``tests/test_checks.py`` proves that this case does reject it). For every notebook:
 
-* each sentence appears in the solution notebook (so a rewording there shows up here);
-* each sentence is quoted in the docstring of at least one wrong file
-  ``tests/wrong/NN_<exercise>_*.py`` (whose test proves the check rejects it);
-* each wrong file quotes at least one sentence of its exercise;
-* the exercise has at least two wrong files.
-
-Quotes are compared with white space collapsed (a docstring may wrap a sentence).
+* one contract per CHECK cell; each clause quoted from the solution notebook (white space
+  collapsed), with at least one case; clause ids unique within the exercise;
+* every flaw names an exercise, a clause of it and a case of that clause, and its patch applies;
+* every clause is broken by at least one flaw, and every case of the table rejects at least
+  one flaw (a case that can reject nothing checks nothing); every exercise has two flaws;
+* every case a checker module names (``fail("case", ...)``, ``case="..."``, ``ctx.case("...")``)
+  is in the notebook's table, so no verification runs outside the contract.
 """
 import ast
 import importlib
@@ -21,89 +23,124 @@ from pathlib import Path
 
 import pytest
 
+import flaws
+
 ROOT = Path(__file__).resolve().parents[1]
-PENDING = set()   # every notebook lists its requirements
-
-
-def numbers():
-    return sorted(p.stem[:2] for p in (ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
-
-
-def listed():
-    """The notebooks whose package has a requirements.py."""
-    return [n for n in numbers() if (ROOT / "exercise_utils" / notebook(n).stem[3:] /
-                                     "requirements.py").exists()]
 
 
 def norm(text):
     return re.sub(r"\s+", " ", text).strip()
 
 
-def notebook(number):
-    return next((ROOT / "solutions").glob(f"{number}_*.ipynb"))
+def package(number):
+    return flaws.notebook(number).stem[3:]
 
 
-def exercises(number):
-    text = notebook(number).read_text()
-    return sorted(set(re.findall(r"# CHECK (\w+) \(", text)))
+def contract(number):
+    return importlib.import_module(f"exercise_utils.{package(number)}.requirements").CONTRACT
 
 
 def notebook_text(number):
-    cells = json.loads(notebook(number).read_text())["cells"]
+    cells = json.loads(flaws.notebook(number).read_text())["cells"]
     return norm(" ".join("".join(c["source"]) for c in cells))
 
 
-def requirements(number):
-    package = notebook(number).stem[3:]
-    return importlib.import_module(f"exercise_utils.{package}.requirements").REQUIREMENTS
-
-
-def wrong_files(number, exercise):
-    """{stem: normalised docstring} of the wrong files of one exercise."""
-    others = [e for e in exercises(number) if e != exercise and e.startswith(exercise + "_")]
+def named_cases(number):
+    """``{case: module}`` for every literal case name in the notebook's checker modules."""
     found = {}
-    for path in sorted((ROOT / "tests" / "wrong").glob(f"{number}_{exercise}_*.py")):
-        if any(path.stem.startswith(f"{number}_{o}_") for o in others):
-            continue
-        found[path.stem] = norm(ast.get_docstring(ast.parse(path.read_text())) or "")
+    for path in sorted((ROOT / "exercise_utils" / package(number)).glob("checks*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "id", getattr(node.func, "attr", ""))
+            args = []
+            if name in ("fail", "case") and node.args:
+                args.append(node.args[0])
+            args += [k.value for k in node.keywords if k.arg == "case"]
+            for arg in args:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    found[arg.value] = path.name
     return found
 
 
-def test_every_notebook_lists_its_requirements():
-    assert set(numbers()) - set(listed()) == PENDING, "update PENDING when a notebook is done"
+@pytest.mark.parametrize("number", flaws.numbers())
+def test_contract_quotes_the_notebook_and_gives_every_clause_a_case(number):
+    table, text = contract(number), notebook_text(number)
+    assert sorted(table) == sorted(flaws.checkers(number)), "one contract per CHECK cell"
+    for exercise, clauses in table.items():
+        assert clauses, exercise
+        ids = [c.id for c in clauses]
+        assert len(ids) == len(set(ids)), f"{exercise}: clause ids repeat: {ids}"
+        for clause in clauses:
+            assert norm(clause.text) in text, (
+                f"{exercise}.{clause.id}: not in the notebook: {clause.text!r}")
+            assert clause.cases, f"{exercise}.{clause.id}: no check case exercises it"
+            assert isinstance(clause.cases, tuple), f"{exercise}.{clause.id}: cases is a tuple"
 
 
-@pytest.mark.parametrize("number", listed())
-def test_requirements_cover_every_exercise_and_quote_the_notebook(number):
-    reqs, text = requirements(number), notebook_text(number)
-    assert sorted(reqs) == exercises(number), "one entry per CHECK cell"
-    for exercise, sentences in reqs.items():
-        assert sentences, exercise
-        for sentence in sentences:
-            assert norm(sentence) in text, f"{exercise}: not in the notebook: {sentence!r}"
+@pytest.mark.parametrize("number", flaws.numbers())
+def test_every_clause_and_case_rejects_a_flaw(number):
+    table, found = contract(number), flaws.load(number)
+    for flaw in found:
+        where = f"flaw {flaws.flaw_id(number, flaw)}"
+        assert flaw.exercise in table, f"{where}: no exercise {flaw.exercise!r}"
+        clause = next((c for c in table[flaw.exercise] if c.id == flaw.clause), None)
+        assert clause, f"{where}: {flaw.exercise} has no clause {flaw.clause!r}"
+        assert flaw.case in clause.cases, (
+            f"{where}: case {flaw.case!r} is not one of clause {flaw.clause!r}'s cases "
+            f"{clause.cases}")
+        _, name = flaws.checker(number, flaw.exercise)
+        flaws.apply(flaws.solution_file(number, name), flaw.patch)
+    names = [flaws.flaw_id(number, f) for f in found]
+    assert len(names) == len(set(names)), "flaw names repeat"
+    for exercise, clauses in table.items():
+        mine = [f for f in found if f.exercise == exercise]
+        assert len(mine) >= 2, f"{exercise}: fewer than two flaws"
+        for clause in clauses:
+            assert any(f.clause == clause.id for f in mine), (
+                f"{exercise}.{clause.id}: no flaw breaks it (tests/wrong/{number}_flaws.py)")
+            for case in clause.cases:
+                assert any(f.case == case for f in mine), (
+                    f"{exercise}.{clause.id}: case {case!r} rejects no flaw: give it a wrong "
+                    f"file it must catch, or drop it")
 
 
-@pytest.mark.parametrize("number", listed())
-def test_every_requirement_has_a_wrong_file_and_every_wrong_file_a_requirement(number):
-    for exercise, sentences in requirements(number).items():
-        wrong = wrong_files(number, exercise)
-        assert len(wrong) >= 2, f"{exercise}: fewer than two wrong files: {sorted(wrong)}"
-        for sentence in sentences:
-            quoting = [stem for stem, doc in wrong.items() if norm(sentence) in doc]
-            assert quoting, f"{exercise}: no wrong file quotes the requirement {sentence!r}"
-        for stem, doc in wrong.items():
-            assert any(norm(s) in doc for s in sentences), (
-                f"{stem}.py quotes none of the requirements of {exercise}: put the sentence "
-                f"it violates in its docstring (Violates: \"...\")")
+@pytest.mark.parametrize("number", flaws.numbers())
+def test_every_case_the_checkers_name_is_in_the_contract(number):
+    listed = {case for clauses in contract(number).values() for c in clauses for case in c.cases}
+    stray = {case: module for case, module in named_cases(number).items() if case not in listed}
+    assert not stray, f"cases named by the checkers but in no clause of the contract: {stray}"
 
 
-def test_the_rule_can_fail(tmp_path, monkeypatch):
-    """A requirement no wrong file quotes, and a sentence the notebook does not state, fail."""
-    reqs = {e: list(s) for e, s in requirements("01").items()}
-    reqs["shards"].append("Shards are returned as numpy arrays.")
-    monkeypatch.setattr(importlib.import_module("exercise_utils.mpi_parallel_sgd.requirements"),
-                        "REQUIREMENTS", reqs)
+def test_the_rules_can_fail(monkeypatch):
+    """A clause without a case, one without a flaw, a case that rejects no flaw, a flaw naming
+    a case outside its clause, a sentence the notebook does not state and a case the checkers
+    name outside the table each fail."""
+    from exercise_utils.contract import Clause
+    module = importlib.import_module("exercise_utils.mpi_parallel_sgd.requirements")
+    real = {e: list(c) for e, c in module.CONTRACT.items()}
+
+    def with_shards(*extra):
+        monkeypatch.setattr(module, "CONTRACT", {**real, "shards": real["shards"] + list(extra)})
+
+    with_shards(Clause("numpy", "Shards are returned as numpy arrays.", ("bounds-tile",)))
     with pytest.raises(AssertionError, match="not in the notebook"):
-        test_requirements_cover_every_exercise_and_quote_the_notebook("01")
-    with pytest.raises(AssertionError, match="no wrong file quotes"):
-        test_every_requirement_has_a_wrong_file_and_every_wrong_file_a_requirement("01")
+        test_contract_quotes_the_notebook_and_gives_every_clause_a_case("01")
+    sentence = real["shards"][0].text
+    with_shards(Clause("twice", sentence, ()))
+    with pytest.raises(AssertionError, match="no check case exercises it"):
+        test_contract_quotes_the_notebook_and_gives_every_clause_a_case("01")
+    with_shards(Clause("twice", sentence, real["shards"][0].cases))
+    with pytest.raises(AssertionError, match="no flaw breaks it"):
+        test_every_clause_and_case_rejects_a_flaw("01")
+    first = real["shards"][0]
+    monkeypatch.setattr(module, "CONTRACT", {**real, "shards": [
+        first._replace(cases=first.cases + ("never-fails",))] + real["shards"][1:]})
+    with pytest.raises(AssertionError, match="case 'never-fails' rejects no flaw"):
+        test_every_clause_and_case_rejects_a_flaw("01")
+    monkeypatch.setattr(module, "CONTRACT", {**real, "shards": [
+        first._replace(cases=("elsewhere",))] + real["shards"][1:]})
+    with pytest.raises(AssertionError, match="is not one of clause"):
+        test_every_clause_and_case_rejects_a_flaw("01")
+    with pytest.raises(AssertionError, match="in no clause of the contract"):
+        test_every_case_the_checkers_name_is_in_the_contract("01")

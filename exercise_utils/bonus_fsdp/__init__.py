@@ -6,7 +6,7 @@ Modules:
 * ``probes``: what runs inside the ranks those checks start (with the core's
   ``exercise_utils.recorder`` logging every collective);
 * ``memory``: the bytes of the tensors a rank actually holds (probes and benchmark);
-* ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
-  file in ``tests/wrong/``);
+* ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
+  with the check cases that hold it;
 * ``bench``: peak memory and step time of DDP, ZeRO-1, your ZeRO-2 and ZeRO-3 and FSDP2.
 """

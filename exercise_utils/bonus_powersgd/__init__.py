@@ -6,8 +6,8 @@ Modules:
 * ``checks``: ``check_orthogonalize``, ``check_compression_rank`` and ``check_powersgd``;
 * ``probes``: what runs inside the ranks those checks start (the recorder and the probe);
 * ``reference``: the inputs and the float64 replay of PowerSGD the checks compare with;
-* ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
-  file in ``tests/wrong/``);
+* ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
+  with the check cases that hold it;
 * ``experiments``: training accuracy against bytes sent (a torchrun script), tables, plots;
 * ``paper``: the paper's CIFAR-10 figures, its data column recomputed from ResNet-18;
 * ``network``: step time against the link rate on two hosts, and the break-even rate.

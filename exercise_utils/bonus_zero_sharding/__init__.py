@@ -5,8 +5,8 @@ Modules:
 
 * ``checks``: ``check_memory`` and ``check_sharded`` (and the launches they share);
 * ``checks_checkpoint``: ``check_checkpoint``;
-* ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
-  file in ``tests/wrong/``);
+* ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
+  with the check cases that hold it;
 * ``probes``: what runs inside the ranks those checks start;
 * ``bench``: optimizer state and memory per rank against AdamW and ``ZeroRedundancyOptimizer``.
 """

@@ -8,33 +8,58 @@ checked next time or deleted from the notebook.
 
 Used in 07_bonus_zero_sharding.
 """
-REQUIREMENTS = {
+from ..contract import Clause
+
+CONTRACT = {
     "memory": [
-        "stage 0: (2 + 2 + K) Psi; stage 1: (2 + 2) Psi + K Psi / N_d; stage 2: 2 Psi + "
-        "(2 + K) Psi / N_d; stage 3: (2 + 2 + K) Psi / N_d.",
-        "k: bytes of optimizer state per parameter (mixed-precision Adam: 12).",
-        "ValueError: ``stage`` is not 0, 1, 2 or 3.",
+        Clause("stage-0-2",
+               "stage 0: (2 + 2 + K) Psi; stage 1: (2 + 2) Psi + K Psi / N_d; stage 2: 2 Psi + "
+               "(2 + K) Psi / N_d; stage 3: (2 + 2 + K) Psi / N_d.",
+               cases=()),
+        Clause("k-bytes-optimizer", "k: bytes of optimizer state per parameter (mixed-precision Adam: 12).",
+               cases=()),
+        Clause("valueerror-stage-not", "ValueError: ``stage`` is not 0, 1, 2 or 3.",
+               cases=()),
     ],
     "sharded": [
-        "Greedy, largest first: take the parameters in order of decreasing size (ties: the "
-        "lower index first) and give each to the rank with the fewest elements so far (ties: "
-        "the lower rank).",
-        "each rank builds `optimizer_cls` over its own shard only, so only it holds that state",
-        "After ``step()`` every rank holds every parameter's new value",
-        "new parameters (with their own hyper-parameters) join the shards",
-        "Its parameters are partitioned with ``partition_parameters``, starting from the "
-        "elements each rank already owns (``loads``)",
-        "ShardedOptimizer is a ``torch.optim.Optimizer`` (it calls ``Optimizer.__init__``), so "
-        "a learning-rate scheduler works with it",
-        "A learning-rate scheduler changes them: ``step()`` copies them to the local optimizer "
-        "first (``_sync_hyperparameters``, given).",
-        "Reset the gradients of ALL parameters (every rank computed all of them).",
+        Clause("greedy-largest-first",
+               "Greedy, largest first: take the parameters in order of decreasing size (ties: "
+               "the lower index first) and give each to the rank with the fewest elements so far"
+               " (ties: the lower rank).",
+               cases=()),
+        Clause("rank-builds-optimizer",
+               "each rank builds `optimizer_cls` over its own shard only, so only it holds that "
+               "state",
+               cases=()),
+        Clause("after-step-rank", "After ``step()`` every rank holds every parameter's new value",
+               cases=()),
+        Clause("new-parameters-their", "new parameters (with their own hyper-parameters) join the shards",
+               cases=()),
+        Clause("parameters-are-partitioned",
+               "Its parameters are partitioned with ``partition_parameters``, starting from the "
+               "elements each rank already owns (``loads``)",
+               cases=()),
+        Clause("shardedoptimizer-torch-optim",
+               "ShardedOptimizer is a ``torch.optim.Optimizer`` (it calls "
+               "``Optimizer.__init__``), so a learning-rate scheduler works with it",
+               cases=()),
+        Clause("learning-rate-scheduler",
+               "A learning-rate scheduler changes them: ``step()`` copies them to the local "
+               "optimizer first (``_sync_hyperparameters``, given).",
+               cases=()),
+        Clause("reset-gradients-all", "Reset the gradients of ALL parameters (every rank computed all of them).",
+               cases=()),
     ],
     "checkpoint": [
-        "The local state dict's indices (0, 1, ... over this rank's parameters, group after "
-        "group) map to global ones in the same order.",
-        "Afterwards rank ``to``'s ``state_dict()`` returns the state of every parameter in the "
-        "format of the unsharded optimizer",
-        "and every group's hyper-parameters (into ``self.param_groups`` too).",
+        Clause("local-state-dict",
+               "The local state dict's indices (0, 1, ... over this rank's parameters, group "
+               "after group) map to global ones in the same order.",
+               cases=()),
+        Clause("afterwards-rank-s",
+               "Afterwards rank ``to``'s ``state_dict()`` returns the state of every parameter "
+               "in the format of the unsharded optimizer",
+               cases=()),
+        Clause("group-s-hyper", "and every group's hyper-parameters (into ``self.param_groups`` too).",
+               cases=()),
     ],
 }

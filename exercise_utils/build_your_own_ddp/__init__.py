@@ -9,8 +9,8 @@ Modules:
   file content), and the rejection of communication below the recorder;
 * ``probes``: what runs inside the ranks those checks start (one probe a stage), with the
   core's ``exercise_utils.recorder`` logging every collective they see;
-* ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
-  file in ``tests/wrong/``);
+* ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
+  with the check cases that hold it;
 * ``reference``: the models, batches and single-process replay probes and checks share;
 * ``bench``: the student's stages against torch DDP (a torchrun script), tables and plots;
 * ``network``: the same benchmark on two hosts with links of 100 Mbit/s, 1 Gbit/s and

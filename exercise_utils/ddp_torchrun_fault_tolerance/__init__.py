@@ -7,8 +7,8 @@ Modules:
 * ``checks``: ``check_trainer`` and ``check_snapshots``;
 * ``probes``: the entry point every torchrun worker of a checked job runs (recorders, the
   simulated ``ddp_setup``);
-* ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
-  file in ``tests/wrong/``);
+* ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
+  with the check cases that hold it;
 * ``runner``: settings, data, model, fault injection and ``main`` of the student's trainer;
 * ``lr_scaling``: the accuracy drop with more workers and its fix (a torchrun script);
 * ``multinode``: two torchrun agents on one machine form one job (on loopback, or on two

@@ -6,8 +6,8 @@ Modules:
 
 * ``checks``: the ``check_*`` functions of the notebook's CHECK cells;
 * ``probes``: what runs inside the MPI ranks those checks start (and the inputs they share);
-* ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
-  file in ``tests/wrong/``);
+* ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
+  with the check cases that hold it;
 * ``train``: the training script built from the student's files
   (``mpiexec -n 4 python -m exercise_utils.mpi_parallel_sgd.train``);
 * ``bench``: mpi4py's pickle-based against its buffer-based API (an ``mpiexec`` script);

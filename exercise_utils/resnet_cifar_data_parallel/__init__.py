@@ -5,8 +5,8 @@ Modules:
 
 * ``checks``: ``check_rank_process`` and ``check_train``;
 * ``probes``: what runs inside the two ranks those checks start (recording trainer parts);
-* ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
-  file in ``tests/wrong/``);
+* ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
+  with the check cases that hold it;
 * ``tricks``: the trainer's parts (whitening, label smoothing, EMA, optimizer, augmentation);
 * ``runner``: settings, data and the launcher the student's file calls (``runner.main``);
 * ``experiments``: time and accuracy for 1, 2 (and 4) ranks; the all-reduce cost.

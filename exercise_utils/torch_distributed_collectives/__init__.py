@@ -7,8 +7,8 @@ Modules:
 * ``checks``: ``check_partition``, ``check_average_gradients``, ``check_sync_batchnorm``;
 * ``checks_ring``: ``check_ring_allreduce``;
 * ``probes``, ``probes_ring``: what runs inside the ranks those checks start;
-* ``requirements``: what each exercise requires, quoted from the notebook (each has a wrong
-  file in ``tests/wrong/``);
+* ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
+  with the check cases that hold it;
 * ``bench``: the student's ring all-reduce against ``dist.all_reduce`` (a torchrun script);
 * ``train``: config-driven data-parallel training built from the student's files (torchrun);
 * ``uneven``: what ``train`` does when the ranks' steps do not line up (Join, async_op);
