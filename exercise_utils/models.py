@@ -6,7 +6,9 @@
   a seed report applied ``fc2`` twice and a ReLU before ``log_softmax``).
 - Toy models for checkers: :class:`TinyMLP`, :class:`FrozenTiedNet` (a frozen
   parameter and weights tied between two layers), :class:`BNNet` (BatchNorm buffers),
-  :class:`BranchNet` (a layer the forward can skip: a trainable parameter without gradient).
+  :class:`BranchNet` (a layer the forward can skip: a trainable parameter without gradient),
+  :class:`EdgeNet` (all of these at once, plus a transposed weight and a 0-d parameter: the
+  model the contract sweeps feed gradient and state code, in float32 and float64).
 - :class:`GhostBatchNorm` (BatchNorm over consecutive ghost batches, frozen scale) and
   :class:`ResNetBagOfTricks` (David Page's fast CIFAR-10 ResNet), used in
   04_resnet_cifar_data_parallel.
@@ -124,6 +126,44 @@ class BranchNet(nn.Module):
     def forward(self, x):
         h = torch.tanh(self.fc1(x))
         return self.head(h + self.branch(h) if self.use_branch else h)
+
+
+class EdgeNet(nn.Module):
+    """A small model with every feature that gradient and state code must handle.
+
+    * ``out.weight`` is tied to ``back.weight``: one tensor, used twice in the forward, listed
+      once by ``parameters()`` and under both names by ``state_dict()``;
+    * ``frozen`` has ``requires_grad=False`` (its ``.grad`` stays None);
+    * ``unused`` is trainable but never called: its parameters get no gradient;
+    * ``proj`` is stored transposed (not contiguous, and so is its gradient: ``.view(-1)`` fails
+      on it, ``.reshape(-1)`` works);
+    * ``scale`` is a 0-d parameter;
+    * ``bn`` has float buffers (running statistics) and a 0-d int64 one (``num_batches_tracked``).
+
+    Args:
+        features, hidden, classes: input width, hidden width, outputs.
+        dtype: the floating dtype of every parameter and float buffer.
+    Maps (N, features) to (N, classes).
+    """
+
+    def __init__(self, features=6, hidden=8, classes=4, dtype=torch.float32):
+        super().__init__()
+        self.inp = nn.Linear(features, hidden)
+        self.proj = nn.Parameter(torch.randn(hidden, hidden).div(hidden ** 0.5).t())
+        self.bn = nn.BatchNorm1d(hidden)
+        self.frozen = nn.Parameter(torch.linspace(0.5, 1.5, hidden), requires_grad=False)
+        self.scale = nn.Parameter(torch.tensor(1.25))
+        self.unused = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, hidden, bias=False)
+        self.back = nn.Linear(hidden, hidden)
+        self.back.weight = self.out.weight                    # tied
+        self.head = nn.Linear(hidden, classes)
+        self.to(dtype)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x)) @ self.proj
+        h = F.relu(self.bn(h)) * self.frozen * self.scale
+        return self.head(self.back(torch.tanh(self.out(h))))
 
 
 def small_cnn(batch_norm=False):

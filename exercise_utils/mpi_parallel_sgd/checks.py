@@ -1,166 +1,246 @@
 """Checkers of notebook 01 (MPI parallel SGD).
 
 Each ``check_*(path)`` runs the student file in fresh MPI processes through
-:func:`exercise_utils.harness.run_ranks` (the probes of :mod:`.probes` run there), computes its
-own reference, and raises ``AssertionError`` with a message the student can act on.
+:func:`exercise_utils.harness.run_ranks` (the probes of :mod:`.probes` run there, many cases
+per launch), computes its own reference, and raises
+:class:`~exercise_utils.contract.CheckFailure` (an ``AssertionError``) naming the case of the
+contract (:mod:`.requirements`) that found the problem, with a message the student can act on.
 
 Used in 01_mpi_parallel_sgd.
 """
 import numpy as np
 
+from ..contract import fail
 from ..harness import HANG_AFTER, assert_close, run_ranks
 from ..integrity import VIOLATION
 from . import probes
-from .probes import (CONVERGED_CASES, COUNTS, LOSS_SUMS, SGD_STEPS, SHARD_CASES, sgd_batches,
-                     sgd_model, sgd_run)
+from .probes import (AVERAGE_CASES, BROADCAST_CASES, GLOBAL_CASES, GLOBAL_EMPTY, NO_GRAD,
+                     SCATTER_CASES, SGD_CASES, SGD_STEPS, bounds_cases, converged_cases,
+                     scatter_data, sgd_batches, sgd_model, sgd_run, trained_numel)
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
+TIGHT = {"float32": (1e-5, 1e-4), "float64": (1e-12, 1e-10)}   # atol, rtol per dtype: float64
+#                                   results must not have passed through float32 on the way
 
 
 # ---------------------------------------------------------------- shards + scatter
-def _check_bounds(n, size, bounds):
-    call = f"shard_bounds({n}, {size})"
-    if len(bounds) != size:
-        raise AssertionError(f"{call} returned {len(bounds)} shards; expected one per rank ({size})")
-    expected = _bounds(n, size)
-    covered = sum(max(0, b - a) for a, b in bounds)
-    if covered != n:
-        raise AssertionError(f"{call} covers {covered} of {n} samples: no sample may be dropped "
-                             f"or repeated (got {bounds})")
-    sizes = [b - a for a, b in bounds]
-    if max(sizes) - min(sizes) > 1:
-        raise AssertionError(f"{call} gives shard sizes {sizes}: sizes may differ by at most "
-                             f"one (spread the remainder over the first ranks)")
-    if bounds != expected:
-        raise AssertionError(f"{call} returned {bounds}; expected contiguous shards in rank "
-                             f"order with the larger ones first, like numpy.array_split: {expected}")
+def reference_bounds(n, size):
+    """The reference shards: contiguous, rank order, the first n % size one sample larger."""
+    base, extra = divmod(n, size)
+    stops = np.cumsum([base + (r < extra) for r in range(size)], dtype=np.int64)
+    return [[int(stop - base - (r < extra)), int(stop)] for r, stop in enumerate(stops)]
+
+
+def _check_bounds(cases, results):
+    """Every case's bounds, most basic violation first (a crash, the count, the tiling), then
+    the sizes, then their order; the smallest failing case is the one named."""
+    for (n, size), bounds in zip(cases, results):
+        call = f"shard_bounds({n}, {size})"
+        if isinstance(bounds, dict):
+            fail("bounds-tile", f"{call} raised {bounds['raised']}; it must work for any size, "
+                                f"also size > n_samples (empty shards) and n_samples = 0")
+        if len(bounds) != size:
+            fail("bounds-count", f"{call} returned {len(bounds)} shards; expected one (start, "
+                                 f"stop) pair per rank ({size}), empty ones included")
+        tiles = [a for a, _ in bounds] == [0] + [b for _, b in bounds[:-1]] and \
+            bounds[-1][1] == n and all(a <= b for a, b in bounds)
+        if not tiles:
+            fail("bounds-tile", f"{call} returned {bounds}: the pairs must tile range({n}) in "
+                                f"rank order (each starts where the previous one stopped, the "
+                                f"first at 0, the last stops at {n}): no sample dropped or "
+                                f"repeated")
+    for (n, size), bounds in zip(cases, results):
+        sizes = [b - a for a, b in bounds]
+        if max(sizes) - min(sizes) > 1:
+            fail("bounds-sizes", f"shard_bounds({n}, {size}) gives shard sizes {sizes}: sizes "
+                                 f"may differ by at most one (spread the remainder over the "
+                                 f"first ranks)")
+    for (n, size), bounds in zip(cases, results):
+        expected = reference_bounds(n, size)
+        if bounds != expected:
+            fail("bounds-larger-first", f"shard_bounds({n}, {size}) returned {bounds}; the first "
+                                        f"{n % size} rank(s) get the one extra sample, like "
+                                        f"numpy.array_split: {expected}")
 
 
 def check_shards(path, timeout=TIMEOUT):
-    """Check ``shard_bounds`` and ``scatter_shards`` of ``path`` (world sizes 2 and 3)."""
-    for size, n, root in ((3, 11, 0), (2, 7, 1)):
-        shards = run_ranks(path, probes.probe_scatter, size, "mpi",
-                           {"n": n, "root": root}, timeout, what="shard_bounds / scatter_shards")
-        for case, bounds in zip(SHARD_CASES, shards[0][0]):
-            _check_bounds(*case, bounds)
-        for rank, ((a, b), (_, xs, ys, received)) in enumerate(zip(_bounds(n, size), shards)):
-            call = f"scatter_shards with {size} ranks, {n} samples, root={root}"
-            if not np.array_equal(ys, np.arange(a, b)):
-                raise AssertionError(f"{call}: rank {rank} received samples {ys.tolist()}, "
-                                     f"expected {list(range(a, b))}")
-            assert_close(xs, np.arange(n * 3).reshape(n, 3)[a:b], "the x shard", rank, 0, 0)
-            _check_received(call, rank, root, received, shard=(b - a) * 4, size=size, n=n)
+    """Check ``shard_bounds`` (many sizes) and ``scatter_shards`` (world sizes 3 and 2, every
+    root, float32 and float64, one or more feature dimensions, empty shards)."""
+    [bounds] = run_ranks(path, probes.probe_bounds, 1, "none", timeout=timeout,
+                         case="bounds-tile", what="shard_bounds")
+    _check_bounds(bounds_cases(), bounds)
+    for size, cases in SCATTER_CASES.items():
+        shards = run_ranks(path, probes.probe_scatter, size, "mpi", {"cases": cases}, timeout,
+                           case="scatter-shard", what="scatter_shards")
+        for i, (case, n, root, dtype, shape) in enumerate(cases):
+            x, y = scatter_data(n, dtype, shape)
+            call = (f"scatter_shards with {size} ranks, {n} samples of shape {shape} ({dtype}), "
+                    f"root={root}")
+            for rank, (a, b) in enumerate(reference_bounds(n, size)):
+                _check_shard(case, call, rank, shards[rank][i], x[a:b].numpy(), y[a:b].numpy())
+                _check_received(call, rank, root, shards[rank][i]["received"],
+                                shard=(b - a) * (int(np.prod(shape)) + 1), size=size)
 
 
-def _check_received(call, rank, root, received, shard, size, n):
-    """A rank other than root may receive its shard (4 numbers a sample: x has 3, y 1) and a
-    little bookkeeping (bounds, counts), never the whole dataset."""
-    if rank != root and received > shard + 2 * size + 2:
-        raise AssertionError(
-            f"{call}: rank {rank} received {received} numbers, but its shard holds only {shard} "
-            f"(the whole dataset is {n * 4}): send every rank only its own shard (e.g. "
-            f"comm.scatter of the pieces on root), never the whole dataset to be sliced there")
+def _check_shard(case, call, rank, got, xs, ys):
+    if got["types"] != [f"torch.{xs.dtype}", f"torch.{ys.dtype}"]:
+        fail(case if case in ("scatter-empty", "scatter-float64") else "scatter-type", f"{call}: rank {rank} returned a shard of types {got['types']}; "
+                             f"return slices of x and y: torch tensors of x's and y's dtypes "
+                             f"(torch.{xs.dtype}, torch.{ys.dtype})")
+    if got["y"].shape != ys.shape or not np.array_equal(got["y"], ys):
+        fail(case, f"{call}: rank {rank} received samples {got['y'].tolist()}, expected "
+                   f"{ys.tolist()}")
+    assert_close(got["x"], xs, f"{call}: the x shard", rank, 0, 0, case=case)
 
 
-def _bounds(n, size):
-    """The reference shards: contiguous, rank order, the first n % size one sample larger."""
-    base, extra = divmod(n, size)
-    stops = np.cumsum([base + (r < extra) for r in range(size)])
-    return [(int(stop - base - (r < extra)), int(stop)) for r, stop in enumerate(stops)]
+def _check_received(call, rank, root, received, shard, size):
+    """A rank other than root may receive its shard and a little bookkeeping (bounds, counts),
+    never the whole dataset."""
+    if rank != root and received > shard + 4 * size + 8:
+        fail("scatter-received",
+             f"{call}: rank {rank} received {received} numbers, but its shard holds only {shard}: "
+             f"send every rank only its own shard (e.g. comm.scatter of the pieces on root), "
+             f"never the whole dataset to be sliced there")
 
 
 # ---------------------------------------------------------------- broadcast
 def check_broadcast(path, timeout=TIMEOUT):
-    """Check ``broadcast_parameters`` of ``path``: every rank ends with root's parameters and buffers."""
-    for size, root in ((3, 0), (2, 1)):
-        res = run_ranks(path, probes.probe_broadcast, size, "mpi", {"root": root},
-                        timeout, what="broadcast_parameters")
-        root_before = res[root][0]
-        for rank, (before, after, same) in enumerate(res):
-            assert_close(after, root_before, f"after broadcast_parameters(comm, model, root="
-                         f"{root}) with {size} ranks every rank must hold rank {root}'s initial "
-                         f"parameters and buffers", rank, 0, 0)
-            if not same:
-                raise AssertionError(
-                    f"rank {rank}: broadcast_parameters replaced the model's tensors instead of "
-                    f"copying into them; an optimizer built before the call would still update "
-                    f"the old tensors. Copy in place (e.g. Bcast into p.data.numpy()).")
+    """Check ``broadcast_parameters``: every rank ends with root's parameters and buffers
+    (float32 and float64 models; tied, frozen, transposed and 0-d parameters; BatchNorm's
+    statistics and its int64 counter), every root, in place."""
+    for size, cases in BROADCAST_CASES.items():
+        res = run_ranks(path, probes.probe_broadcast, size, "mpi", {"cases": cases}, timeout,
+                        case="bcast-values", what="broadcast_parameters")
+        for i, (case, root, dtype) in enumerate(cases):
+            root_before = res[root][i][0]
+            for rank, (_, after, same) in enumerate(r[i] for r in res):
+                what = (f"after broadcast_parameters(comm, model, root={root}) with {size} ranks "
+                        f"and a {dtype} model, every rank must hold rank {root}'s parameters and "
+                        f"buffers")
+                ints = {k for k, v in root_before.items() if v.dtype.kind in "iu"}
+                assert_close({k: v for k, v in after.items() if k not in ints},
+                             {k: v for k, v in root_before.items() if k not in ints}, what,
+                             rank, 0, 0, case=case, dtype=True)
+                assert_close({k: after[k] for k in ints}, {k: root_before[k] for k in ints},
+                             what + " (integer buffers exactly: never through a float32 buffer)",
+                             rank, 0, 0, case="bcast-int-buffer", dtype=True)
+                if not same:
+                    fail("bcast-in-place",
+                         f"rank {rank}: broadcast_parameters replaced the model's tensors instead "
+                         f"of copying into them; an optimizer built before the call would still "
+                         f"update the old tensors. Copy in place (e.g. Bcast into t.numpy()).")
 
 
 # ---------------------------------------------------------------- gradient averaging
 def check_allreduce_sgd(path, timeout=TIMEOUT):
-    """Check ``average_gradients``: equals single-process SGD on the whole batch, one Allreduce a step."""
+    """Check ``average_gradients``: equals single-process SGD on the whole batch (float32 and
+    float64; frozen, unused, tied, transposed and 0-d parameters), one Allreduce a step."""
     for size in (2, 3):
-        x, y = sgd_batches(size)
-        expected = sgd_run(sgd_model(), x, y)
-        numel = sum(p.numel() for p in sgd_model().parameters() if p.requires_grad)
-        res = run_ranks(path, probes.probe_sgd, size, "mpi", timeout=timeout,
+        res = run_ranks(path, probes.probe_sgd, size, "mpi", timeout=timeout, case="sgd-values",
                         what="average_gradients")
-        for rank, (state, calls, elements, hidden) in enumerate(res):
-            if hidden:
-                raise AssertionError(
-                    f"{VIOLATION}: rank {rank} communicated through MPI.COMM_WORLD itself "
-                    f"({hidden}) instead of the `comm` average_gradients was given, where the "
-                    f"check counts the calls. Use the comm argument.")
-            assert_close(state, expected, f"parameters after {SGD_STEPS} SGD steps with {size} "
-                         f"ranks must equal single-process SGD on the concatenated batch: "
-                         f"average (sum / size) the gradients of every rank", rank)
-            _check_one_allreduce(rank, calls, elements, numel)
+        for i, (case, dtype) in enumerate(SGD_CASES):
+            x, y = sgd_batches(size, dtype)
+            expected = sgd_run(sgd_model(dtype), x, y)
+            numel = trained_numel(sgd_model(dtype))
+            for rank, (state, calls, elements, none, hidden) in enumerate(r[i] for r in res):
+                if hidden:
+                    fail("sgd-one-allreduce",
+                         f"{VIOLATION}: rank {rank} communicated through MPI.COMM_WORLD itself "
+                         f"({hidden}) instead of the `comm` average_gradients was given, where "
+                         f"the check counts the calls. Use the comm argument.")
+                if none != NO_GRAD:
+                    fail("sgd-no-grad",
+                         f"rank {rank}: after average_gradients the parameters without a "
+                         f"gradient were {none}, expected {NO_GRAD} (frozen and unused "
+                         f"parameters have p.grad None: skip them, do not give them one)")
+                _check_one_allreduce(rank, calls, elements, numel)
+                atol, rtol = TIGHT[dtype]
+                assert_close(state, expected, f"{dtype} parameters after {SGD_STEPS} SGD steps "
+                             f"with {size} ranks must equal single-process SGD on the "
+                             f"concatenated batch: average (sum / size) the gradients of every "
+                             f"rank, in the gradients' own dtype", rank, atol, rtol, case=case)
 
 
 def _check_one_allreduce(rank, calls, elements, numel):
     others = {k: v for k, v in calls.items() if k != "Allreduce"}
     if calls.get("Allreduce", 0) != SGD_STEPS or others:
         per_step = {k: v / SGD_STEPS for k, v in calls.items()}
-        raise AssertionError(
-            f"rank {rank}: expected exactly one comm.Allreduce per step (on one flat buffer "
-            f"holding all {numel} gradient elements) and no other communication; your code "
-            f"made these calls per step: {per_step or 'none (use the comm argument)'}")
+        fail("sgd-one-allreduce",
+             f"rank {rank}: expected exactly one comm.Allreduce per step (on one flat buffer "
+             f"holding all {numel} gradient elements) and no other communication; your code "
+             f"made these calls per step: {per_step or 'none (use the comm argument)'}")
     if elements["Allreduce"] != numel * SGD_STEPS:
-        raise AssertionError(
-            f"rank {rank}: each Allreduce carried {elements['Allreduce'] // SGD_STEPS} elements; "
-            f"the flat buffer must hold every gradient element ({numel}, frozen parameters skipped)")
+        fail("sgd-one-allreduce",
+             f"rank {rank}: each Allreduce carried {elements['Allreduce'] // SGD_STEPS} elements; "
+             f"the flat buffer must hold every gradient element ({numel}: the parameters whose "
+             f"p.grad is not None, a tied one once)")
 
 
 # ---------------------------------------------------------------- model averaging
 def check_model_averaging(path, timeout=TIMEOUT):
-    """Check ``average_weights``: every rank ends with the mean of all ranks' parameters."""
-    for size, root in ((3, 0), (2, 1)):
-        res = run_ranks(path, probes.probe_average, size, "mpi", {"root": root}, timeout,
-                        what="average_weights")
-        mean = {k: np.mean([before[k] for before, _, _ in res], axis=0) for k in res[0][0]}
-        for rank, (_, after, same) in enumerate(res):
-            assert_close(after, mean, f"after average_weights with {size} ranks (root={root}) "
-                         f"every rank must hold the mean of all {size} ranks' parameters", rank)
-            if not same:
-                raise AssertionError(
-                    f"rank {rank}: average_weights replaced the model's tensors instead of "
-                    f"copying the average into them; an optimizer or another reference to the "
-                    f"parameters would still see the old ones. Copy in place (tensor.copy_(...) "
-                    f"under torch.no_grad(), or model.load_state_dict).")
+    """Check ``average_weights``: every rank ends with the mean of all ranks' parameters
+    (float32 and float64 models with BatchNorm buffers, frozen and tied parameters; every
+    root), in place."""
+    for size, cases in AVERAGE_CASES.items():
+        res = run_ranks(path, probes.probe_average, size, "mpi", {"cases": cases}, timeout,
+                        case="average-values", what="average_weights")
+        for i, (case, root, dtype) in enumerate(cases):
+            runs = [r[i] for r in res]
+            mean = {k: np.mean([before[k] for before, _, _ in runs], axis=0) for k in runs[0][0]}
+            for rank, (_, after, same) in enumerate(runs):
+                atol, rtol = TIGHT[dtype]
+                assert_close(after, mean, f"after average_weights with {size} ranks (root={root}"
+                             f", a {dtype} model) every rank must hold the mean of all {size} "
+                             f"ranks' parameters, frozen ones included", rank, atol, rtol,
+                             case=case, dtype=True)
+                if not same:
+                    fail("average-in-place",
+                         f"rank {rank}: average_weights replaced the model's tensors instead of "
+                         f"copying the average into them; an optimizer or another reference to "
+                         f"the parameters would still see the old ones. Copy in place "
+                         f"(tensor.copy_(...) under torch.no_grad(), or model.load_state_dict).")
 
 
 # ---------------------------------------------------------------- convergence
+def reference_converged(prev_loss, loss, rel_tol):
+    return prev_loss is not None and abs(prev_loss - loss) <= rel_tol * abs(prev_loss)
+
+
 def check_convergence(path, timeout=TIMEOUT):
-    """Check ``converged`` (relative tolerance, first epoch) and ``global_loss`` (same on all ranks)."""
+    """Check ``converged`` (first epoch, relative to the previous loss, at the tolerance,
+    negative and zero losses; a bool) and ``global_loss`` (sums over counts, the same on every
+    rank, exact in float64, a rank without samples)."""
     for size in (3, 2):
         res = run_ranks(path, probes.probe_convergence, size, "mpi", timeout=timeout,
-                        what="global_loss / converged")
-        for (args, want), got in zip(CONVERGED_CASES, res[0][0]):
-            if got != want:
-                got = f"raised {got['raised']}" if isinstance(got, dict) else f"returned {got}"
-                zero = (" (a previous loss of 0.0 is a loss: test `prev_loss is None`, not "
-                        "`not prev_loss`)" if args[0] == 0.0 else "")
-                raise AssertionError(f"converged{args} {got}, expected {want}{zero}: stop "
-                                     f"when abs(prev_loss - loss) <= rel_tol * abs(prev_loss); "
-                                     f"never on the first epoch (prev_loss is None)")
-        losses = [loss for _, loss in res]
-        expected = sum(LOSS_SUMS[:size]) / sum(COUNTS[:size])
-        if max(losses) - min(losses) > 1e-9:
-            raise AssertionError(
-                f"global_loss differs between ranks ({losses}): ranks would take different stop "
-                f"decisions, and the ranks that keep training would hang in Allreduce forever")
-        if abs(losses[0] - expected) > 1e-9:
-            raise AssertionError(
-                f"global_loss returned {losses[0]:.6f} with {size} ranks; expected {expected:.6f} "
-                f"= (sum of all loss sums) / (sum of all sample counts)")
+                        case="global-value", what="global_loss / converged")
+        for args, got in zip(converged_cases(), res[0][0]):
+            _check_converged(args, got)
+        for i, (case, table) in enumerate((("global-value", GLOBAL_CASES),
+                                           ("global-empty-rank", GLOBAL_EMPTY))):
+            sums, counts = table[size]
+            losses = [r[1][i][1] for r in res]
+            expected = sum(sums) / sum(counts)
+            if max(losses) - min(losses) > 1e-12 * abs(expected):
+                fail("global-same", f"global_loss differs between ranks ({losses}): ranks would "
+                                    f"take different stop decisions, and the ranks that keep "
+                                    f"training would hang in Allreduce forever")
+            if not abs(losses[0] - expected) <= 1e-12 * abs(expected):
+                fail(case, f"global_loss returned {losses[0]!r} with {size} ranks holding loss "
+                           f"sums {sums} over {counts} samples; expected {expected!r} = (sum of "
+                           f"all loss sums) / (sum of all sample counts), computed in float64")
+
+
+def _check_converged(args, got):
+    want = reference_converged(*args)
+    call = f"converged{args}"
+    rule = ("stop when abs(prev_loss - loss) <= rel_tol * abs(prev_loss); never on the first "
+            "epoch (prev_loss is None)")
+    if isinstance(got, dict):
+        fail("converged-rule", f"{call} raised {got['raised']}, expected {want}: {rule}")
+    kind, value = got
+    if value != want:
+        zero = (" (a previous loss of 0.0 is a loss: test `prev_loss is None`, not "
+                "`not prev_loss`)" if args[0] == 0.0 else "")
+        fail("converged-rule", f"{call} returned {value}, expected {want}{zero}: {rule}")
+    if kind not in ("bool", "bool_"):
+        fail("converged-bool", f"{call} returned a {kind}; return True or False (a bool)")

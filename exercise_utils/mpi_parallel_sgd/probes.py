@@ -69,11 +69,25 @@ def _numel(buf):
 
 
 # ---------------------------------------------------------------- shards + scatter
-SHARD_CASES = [(n, s) for n in (11, 13, 10, 61, 60, 5, 2, 1, 0) for s in (3, 2, 4, 5, 7, 1)]
+def bounds_cases():
+    """The (n_samples, size) pairs ``shard_bounds`` is asked for: every n up to 13 with every
+    size up to 7 (empty shards, size > n, n = 0, size 1), then larger and random ones."""
+    import random
+    rng = random.Random(11)
+    cases = [(n, s) for n in range(14) for s in range(1, 8)]
+    cases += [(60, 7), (61, 7), (97, 96), (100, 64), (1_000_003, 64), (5, 12)]
+    cases += [(rng.randrange(0, 5000), rng.randrange(1, 40)) for _ in range(40)]
+    return cases
 
 
 def _student_bounds(student, cases):
-    return [[tuple(int(v) for v in b) for b in student.shard_bounds(n, s)] for n, s in cases]
+    out = []
+    for n, s in cases:
+        try:
+            out.append([[int(v) for v in b] for b in student.shard_bounds(n, s)])
+        except Exception as exc:  # noqa: BLE001 - reported per case, not as a crash
+            out.append({"raised": f"{type(exc).__name__}: {exc}"})
+    return out
 
 
 # where an uppercase call writes what it receives: (position, keyword) of its receive buffer
@@ -120,59 +134,120 @@ def _elements_in(obj):
     return _numel(obj) if isinstance(obj, (np.ndarray, *tensor)) else 0
 
 
-def probe_scatter(student, ctx, n, root):
-    """Returns the student's bounds (rank 0), this rank's shard and the elements it received."""
+# each scatter: (case, samples, root, x dtype, shape of one sample); per world size
+SCATTER_CASES = {
+    3: [("scatter-shard", 11, 0, "float32", (3,)), ("scatter-root", 10, 2, "float32", (3,)),
+        ("scatter-float64", 8, 0, "float64", (2, 2)), ("scatter-empty", 2, 1, "float32", (3,))],
+    2: [("scatter-root", 7, 1, "float32", (3,)), ("scatter-float64", 9, 0, "float64", ())],
+}
+
+
+def scatter_data(n, dtype, shape):
+    """The dataset of a scatter case: x[i] holds the numbers i + 0.25, ...; y = 0, 1, ..."""
     import torch
-    bounds = _student_bounds(student, SHARD_CASES) if ctx.rank == 0 else None
-    x = y = None
-    if ctx.rank == root:
-        x = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3)
-        y = torch.arange(n)
-    comm = ReceiveCounter(ctx.comm)
-    xs, ys = student.scatter_shards(comm, x, y, root=root)
-    return bounds, np.asarray(xs), np.asarray(ys), comm.received
+    width = int(np.prod(shape)) if shape else 1
+    x = (torch.arange(n * width, dtype=torch.float64) / width + 0.25).reshape(n, *shape)
+    return x.to(getattr(torch, dtype)), torch.arange(n)
+
+
+def probe_bounds(student, ctx):
+    """The student's bounds for every case of :func:`bounds_cases` (a lone process, no MPI)."""
+    ctx.case("bounds-tile")
+    return _student_bounds(student, bounds_cases())
+
+
+def probe_scatter(student, ctx, cases):
+    """For each scatter case: this rank's shard (arrays, types, dtypes) and the elements it
+    received."""
+    shards = []
+    for case, n, root, dtype, shape in cases:
+        ctx.case(case)
+        x, y = scatter_data(n, dtype, shape) if ctx.rank == root else (None, None)
+        comm = ReceiveCounter(ctx.comm)
+        xs, ys = student.scatter_shards(comm, x, y, root=root)
+        shards.append({"x": np.asarray(xs), "y": np.asarray(ys), "received": comm.received,
+                       "types": [_kind(xs), _kind(ys)]})
+    return shards
+
+
+def _kind(value):
+    """'torch.float32' for a tensor, 'numpy.float64' for an array, else the type's name."""
+    dtype = getattr(value, "dtype", None)
+    module = type(value).__module__.split(".")[0]
+    return f"{module}.{str(dtype).replace('torch.', '')}" if dtype is not None else \
+        type(value).__name__
 
 
 # ---------------------------------------------------------------- broadcast
-def probe_broadcast(student, ctx, root):
+BIG_COUNT = 2 ** 24 + 1     # float32 cannot hold it: an integer buffer sent as float32 changes
+
+
+def edge_model(seed, dtype="float32", batches=1):
+    """An :class:`~exercise_utils.models.EdgeNet` from ``seed`` (tied, frozen, unused,
+    transposed and 0-d parameters, BatchNorm buffers) with ``batches`` forward passes of
+    running statistics behind it, and the frozen parameter and the integer buffer
+    rank-specific too."""
     import torch
-    from ..models import BNNet
-    torch.manual_seed(100 + ctx.rank)
-    model = BNNet()
-    for _ in range(ctx.rank + 1):                     # rank-specific BatchNorm buffers, and
-        model(torch.randn(8, 10))                     # num_batches_tracked (int64) too
-    before = state_arrays(model)
-    ptrs = [t.data_ptr() for t in model.state_dict().values()]
-    student.broadcast_parameters(ctx.comm, model, root=root)
-    same = ptrs == [t.data_ptr() for t in model.state_dict().values()]
-    return before, state_arrays(model), same
-
-
-# ---------------------------------------------------------------- gradient averaging
-SGD_STEPS, LOCAL_BATCH, LR = 4, 4, 0.05
-
-
-def sgd_model():
-    import torch
-    from ..models import MPINet
-    torch.manual_seed(0)
-    model = MPINet()
-    model.conv1.bias.requires_grad_(False)            # a frozen parameter: no gradient
+    from ..models import EdgeNet
+    torch.manual_seed(seed)
+    model = EdgeNet(dtype=getattr(torch, dtype))
+    for _ in range(batches):
+        model(torch.randn(8, 6, dtype=getattr(torch, dtype)))
+    with torch.no_grad():
+        model.frozen.add_(seed % 7 / 10)
+        model.bn.num_batches_tracked.fill_(BIG_COUNT + 2 * seed)    # odd: float32 rounds it
     return model
 
 
-def sgd_batches(size):
+# per world size: (case, root, dtype) of each broadcast
+BROADCAST_CASES = {3: [("bcast-values", 0, "float32"), ("bcast-root", 2, "float32"),
+                       ("bcast-float64", 0, "float64")],
+                   2: [("bcast-root", 1, "float32"), ("bcast-float64", 1, "float64")]}
+
+
+def probe_broadcast(student, ctx, cases):
+    """For each case: this rank's state before and after, and whether every tensor of the
+    state_dict is still the same memory (updated in place)."""
+    out = []
+    for case, root, dtype in cases:
+        ctx.case(case)
+        model = edge_model(100 + ctx.rank, dtype, batches=ctx.rank + 1)
+        before = state_arrays(model)
+        ptrs = [t.data_ptr() for t in model.state_dict().values()]
+        student.broadcast_parameters(ctx.comm, model, root=root)
+        same = ptrs == [t.data_ptr() for t in model.state_dict().values()]
+        out.append((before, state_arrays(model), same))
+    return out
+
+
+# ---------------------------------------------------------------- gradient averaging
+SGD_STEPS, LOCAL_BATCH, LR, DECAY = 4, 4, 0.05, 0.01
+SGD_CASES = (("sgd-values", "float32"), ("sgd-float64", "float64"))
+NO_GRAD = ["frozen", "unused.weight", "unused.bias"]   # EdgeNet's parameters without gradient
+
+
+def sgd_model(dtype="float32"):
+    """The model every rank starts from: an :class:`~exercise_utils.models.EdgeNet` in eval
+    mode (BatchNorm on its running statistics, so that averaged gradients equal the gradient
+    of the combined batch)."""
+    model = edge_model(0, dtype)
+    return model.eval()
+
+
+def sgd_batches(size, dtype="float32"):
     import torch
     g = torch.Generator().manual_seed(1234)
-    x = torch.randn(SGD_STEPS, LOCAL_BATCH * size, 1, 28, 28, generator=g)
-    y = torch.randint(0, 10, (SGD_STEPS, LOCAL_BATCH * size), generator=g)
+    x = torch.randn(SGD_STEPS, LOCAL_BATCH * size, 6, generator=g, dtype=getattr(torch, dtype))
+    y = torch.randint(0, 4, (SGD_STEPS, LOCAL_BATCH * size), generator=g)
     return x, y
 
 
 def sgd_run(model, x, y, after_backward=None):
+    """SGD with momentum and weight decay (a gradient that should be None but is zero would
+    decay its parameter) over the batches; returns the final state."""
     import torch
     import torch.nn.functional as F
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=DECAY)
     for xb, yb in zip(x, y):
         opt.zero_grad()
         F.cross_entropy(model(xb), yb).backward()
@@ -180,6 +255,11 @@ def sgd_run(model, x, y, after_backward=None):
             after_backward()
         opt.step()
     return state_arrays(model)
+
+
+def trained_numel(model):
+    """Gradient elements per step: the parameters that get a gradient (tied ones once)."""
+    return sum(p.numel() for n, p in model.named_parameters() if n not in NO_GRAD)
 
 
 @contextmanager
@@ -203,45 +283,93 @@ def world_counted(student):
 
 
 def probe_sgd(student, ctx):
-    """Returns the state after SGD, the calls and elements on the given communicator, and the
-    calls made through ``MPI.COMM_WORLD`` directly (outside the check's sight otherwise)."""
-    model, comm = sgd_model(), CountingComm(ctx.comm)
-    x, y = sgd_batches(ctx.size)
+    """For each of :data:`SGD_CASES`: the state after SGD, the calls and elements on the given
+    communicator, the parameters left without a gradient after the first call, and the calls
+    made through ``MPI.COMM_WORLD`` directly (outside the check's sight otherwise)."""
+    out = []
     part = slice(ctx.rank * LOCAL_BATCH, (ctx.rank + 1) * LOCAL_BATCH)
-    with world_counted(student) as world:
-        state = sgd_run(model, x[:, part], y[:, part],
-                        lambda: student.average_gradients(comm, model))
-    return state, dict(comm.calls), dict(comm.elements), dict(world.calls)
+    for case, dtype in SGD_CASES:
+        ctx.case(case)
+        model, comm, none = sgd_model(dtype), CountingComm(ctx.comm), []
+        x, y = sgd_batches(ctx.size, dtype)
+
+        def average():
+            student.average_gradients(comm, model)
+            if not none:
+                none.append([n for n, p in model.named_parameters() if p.grad is None])
+        with world_counted(student) as world:
+            state = sgd_run(model, x[:, part], y[:, part], average)
+        out.append((state, dict(comm.calls), dict(comm.elements), none[0], dict(world.calls)))
+    return out
 
 
 # ---------------------------------------------------------------- model averaging
-def probe_average(student, ctx, root):
-    import torch
-    from ..models import TinyMLP
-    torch.manual_seed(7 + ctx.rank)
-    model = TinyMLP()
-    before = state_arrays(model)
-    ptrs = [t.data_ptr() for t in model.state_dict().values()]
-    student.average_weights(ctx.comm, model, root=root)
-    same = ptrs == [t.data_ptr() for t in model.state_dict().values()]
-    return before, state_arrays(model), same
+AVERAGE_CASES = {3: [("average-values", 0, "float32"), ("average-root", 2, "float32"),
+                     ("average-float64", 0, "float64")],
+                 2: [("average-root", 1, "float32"), ("average-float64", 1, "float64")]}
+
+
+def probe_average(student, ctx, cases):
+    """For each case: this rank's parameters before and after, and whether every tensor of the
+    state_dict is still the same memory."""
+    out = []
+    for case, root, dtype in cases:
+        ctx.case(case)
+        model = edge_model(7 + ctx.rank, dtype, batches=ctx.rank + 1)
+        before = params_arrays(model)
+        ptrs = [t.data_ptr() for t in model.state_dict().values()]
+        student.average_weights(ctx.comm, model, root=root)
+        same = ptrs == [t.data_ptr() for t in model.state_dict().values()]
+        out.append((before, params_arrays(model), same))
+    return out
+
+
+def params_arrays(model):
+    """``{name: numpy copy}`` of every parameter (frozen ones included; buffers not)."""
+    return {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
 
 
 # ---------------------------------------------------------------- convergence
-CONVERGED_CASES = [((None, 1.0, 0.01), False), ((1.0, 0.995, 0.01), True),
-                   ((1.0, 0.9, 0.01), False), ((2.0, 1.99, 0.01), True),
-                   ((1.0, 1.5, 0.01), False), ((0.5, 0.5, 0.0), True),
-                   ((0.0, 0.0, 0.01), True),       # a loss of 0.0 is not "no loss yet"
-                   ((1.0, 0.75, 0.25), True)]      # relative to prev_loss, not to loss
-LOSS_SUMS, COUNTS = [3.0, 10.0, 1.0], [10, 20, 5]
+def converged_cases():
+    """(prev_loss, loss, rel_tol) triples for ``converged``: the first epoch, equality at the
+    tolerance, a previous loss of 0.0, negative losses, a loss that rose, tolerance 0, and
+    random ones around the threshold."""
+    import random
+    rng = random.Random(5)
+    cases = [(None, 1.0, 0.01), (None, 0.0, 0.5), (1.0, 0.995, 0.01), (1.0, 0.9, 0.01),
+             (2.0, 1.99, 0.01), (1.0, 1.5, 0.01), (0.5, 0.5, 0.0), (0.5, 0.4999, 0.0),
+             (0.0, 0.0, 0.01), (0.0, 0.001, 0.01), (1.0, 0.75, 0.25), (1.0, 1.25, 0.25),
+             (1.0, 1.25, 0.2), (-1.0, -0.995, 0.01), (-2.0, -1.5, 0.1), (-1.0, -1.25, 0.25),
+             (4.0, 3.0, 0.25), (4.0, 5.0, 0.25), (3.0, 2.0, 1.0)]
+    for _ in range(30):
+        prev = rng.choice([-1, 1]) * rng.uniform(0.01, 10)
+        tol = rng.choice([0.0, 0.001, 0.01, 0.1, 0.5])
+        cases.append((prev, prev * (1 + rng.choice([-1, 1]) * tol * rng.uniform(0.5, 1.5)), tol))
+    return cases
+
+
+# per world size: each rank's (loss_sum, count); a rank with no samples, big and negative sums
+GLOBAL_CASES = {3: [[3.0, 10.0, 1.0], [10, 20, 5]],
+                2: [[123456.789, -0.5], [3, 7]]}
+GLOBAL_EMPTY = {3: [[2.5, 0.0, 7.25], [5, 0, 9]], 2: [[0.0, 1e-3], [0, 1]]}
 
 
 def probe_convergence(student, ctx):
+    """Rank 0: ``converged`` on every case (the value, or what it raised). Every rank: what
+    ``global_loss`` returned for this rank's share of each case (value and type)."""
+    ctx.case("converged-rule")
     decisions = []
-    for args, _ in CONVERGED_CASES:
-        try:
-            decisions.append(bool(student.converged(*args)))
-        except Exception as exc:  # reported per case, not as a crash
-            decisions.append({"raised": f"{type(exc).__name__}: {exc}"})
-    loss = student.global_loss(ctx.comm, LOSS_SUMS[ctx.rank], COUNTS[ctx.rank])
-    return decisions, float(loss)
+    if ctx.rank == 0:
+        for args in converged_cases():
+            try:
+                got = student.converged(*args)
+                decisions.append([type(got).__name__, bool(got)])
+            except Exception as exc:  # noqa: BLE001 - reported per case, not as a crash
+                decisions.append({"raised": f"{type(exc).__name__}: {exc}"})
+    losses = []
+    for case, table in (("global-value", GLOBAL_CASES), ("global-empty-rank", GLOBAL_EMPTY)):
+        ctx.case(case)
+        sums, counts = table[ctx.size]
+        got = student.global_loss(ctx.comm, sums[ctx.rank], counts[ctx.rank])
+        losses.append([type(got).__name__, float(got)])
+    return decisions, losses
