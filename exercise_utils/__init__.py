@@ -4,7 +4,9 @@ The shared core, which every notebook uses:
 ``config`` (quick mode), ``data`` (datasets), ``models`` (the course's networks),
 ``launch`` and ``launch_many`` (run distributed programs with live output and a hard timeout),
 ``processes`` (find and stop everything a launch started), ``harness`` and ``rankworker``
-(run a checker's probe against a student file in fresh processes), ``heartbeat`` (tell a
+(run a checker's probe against a student file in fresh processes), ``zygote`` (MPI ranks
+forked from one process that imported torch once), ``contract`` (each exercise's clauses and
+the check case that holds each; a check's verdict), ``heartbeat`` (tell a
 hang from a slow machine), ``integrity`` (signed results, guarded checker code), ``pgwatch`` (collectives that bypass
 ``torch.distributed``'s functions), ``bench`` (timing,
 tables, JSON and plots), ``notebook_files`` (the ``%%writefile`` files of a notebook),

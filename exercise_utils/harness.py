@@ -16,6 +16,7 @@ fc1.weight".
 Used by every checker (01_mpi_parallel_sgd onwards).
 """
 import pickle
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +27,7 @@ from . import heartbeat, integrity, launch
 from .contract import CheckFailure
 
 
+TORCH_IMPORT = re.compile(r"^\s*(import|from)\s+torch\b", flags=re.M)
 HANG_AFTER = 60    # seconds every unfinished rank may stand still before a check calls it a hang
 LIMIT = 600        # seconds a check's launch may run while making progress (an endless loop?)
 
@@ -123,11 +125,41 @@ def _hang_message(what, backend, world_size, reports, report, path):
 def _launch(worker_args, world_size, backend, limit, what, watch):
     quiet = dict(timeout=limit, echo=False, what=what, watch=watch)
     if backend == "mpi":
-        launch.mpiexec("exercise_utils.rankworker", world_size, worker_args, module=True,
-                       label=False, **quiet)
+        launch.run(_zygote_command(worker_args, world_size), nprocs=world_size, **quiet)
     else:
         launch.run([sys.executable, "-m", "exercise_utils.rankworker", "--spawn",
                     str(world_size), *worker_args], nprocs=world_size, **quiet)
+
+
+def _zygote_command(worker_args, world_size):
+    """``mpiexec`` whose ranks are forked from one process that imported torch once
+    (:mod:`.zygote`): the probe's module always, torch when the rank will need it."""
+    opts = dict(zip(worker_args[::2], worker_args[1::2]))
+    probe_module, probe = opts["--probe"].split(":")
+    preload = ["numpy", "mpi4py.MPI", "exercise_utils.rankworker", probe_module]
+    if _needs_torch(Path(opts["--student"]), probe_module, probe):
+        preload = ["torch", "torch.distributed", *preload]
+    socket = str(Path(opts["--out"]) / "zygote.sock")
+    return [sys.executable, "-m", "exercise_utils.zygote", "--socket", socket,
+            *[a for name in preload for a in ("--preload", name)], "--",
+            launch.find_executable("mpiexec"), "-n", str(world_size), sys.executable, "-m",
+            "exercise_utils.zygote", "--stub", socket, "--", *worker_args]
+
+
+def _needs_torch(student, module, probe):
+    """Whether a rank will import torch: the student file imports it, or the probe function or
+    a function of its module that the probe calls does (a rank that never needs torch, e.g.
+    01's convergence check, is spared its import)."""
+    import ast
+    import importlib.util
+    if TORCH_IMPORT.search(student.read_text(errors="replace")):
+        return True
+    spec = importlib.util.find_spec(module)
+    tree = ast.parse(Path(spec.origin).read_text())
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    called = {probe} | {n.func.id for n in ast.walk(funcs[probe]) if isinstance(n, ast.Call)
+                        and isinstance(n.func, ast.Name) and n.func.id in funcs}
+    return any(TORCH_IMPORT.search(ast.unparse(funcs[name])) for name in called)
 
 
 def _written(tmp, world_size):

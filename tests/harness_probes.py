@@ -39,3 +39,10 @@ def probe_pgwatch(student, ctx):
         t = torch.ones(3)
         dist.all_reduce(t)                      # dist's function -> ProcessGroup.allreduce
     return schema, [name for name, *_ in log], float(t.sum())
+
+
+def probe_parent(student, ctx):
+    """This rank's parent process: its pid and command line."""
+    import os
+    import psutil
+    return os.getppid(), " ".join(psutil.Process(os.getppid()).cmdline())

@@ -90,6 +90,31 @@ def test_mpi_crash_of_one_rank(tmp_path):
         run_ranks(path, "harness_probes:probe_value", 2, "mpi", timeout=60)
 
 
+def test_mpi_ranks_are_forked_from_one_zygote(tmp_path):
+    """Under mpiexec every rank is a child of the one zygote that imported torch once, not a
+    fresh interpreter (exercise_utils.zygote)."""
+    path = student(tmp_path, "value = None\n")
+    ranks = run_ranks(path, "harness_probes:probe_parent", 3, "mpi", timeout=60)
+    assert len({pid for pid, _ in ranks}) == 1, ranks
+    assert "exercise_utils.zygote --socket" in ranks[0][1], ranks
+
+
+def test_mpi_rank_killed_by_a_signal_fails_the_launch_at_once(tmp_path):
+    """A forked rank killed by SIGKILL: its stub exits 137, mpiexec stops the job, the other
+    rank is killed with it, and the check says so without waiting for a hang."""
+    path = student(tmp_path, """
+        import os, signal, time
+        def value(rank):
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(120)
+        """)
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match="failed before reporting a result"):
+        run_ranks(path, "harness_probes:probe_value", 2, "mpi", timeout=60)
+    assert time.monotonic() - start < 50
+
+
 def test_syntax_error_is_reported(tmp_path):
     path = student(tmp_path, "def value(rank)\n    return rank\n")
     with pytest.raises(AssertionError, match="SyntaxError"):

@@ -1,0 +1,202 @@
+"""MPI ranks forked from one process that imported torch once.
+
+Every rank of an ``mpiexec`` launch is a fresh Python that imports torch: ~2 s of CPU each, most
+of what an MPI check costs on 2 cores. Here ``mpiexec`` starts a *stub* per rank instead (a
+bare Python, no torch), and each stub hands its identity to the *zygote*, a process that
+imported torch, numpy, mpi4py (not initialised) and the probe's module before any rank
+existed: the stub sends its environment (MPI's PMI variables), working directory, arguments
+and its file descriptors (stdout, stderr, MPI's PMI socket) over a Unix socket; the zygote
+forks a child that takes them over, initialises MPI and runs the rank; its exit status goes
+back to the stub, which exits with it. For ``mpiexec`` the stub *is* the rank: its output is
+the rank's, its exit code too; MPI_Abort in a rank kills every stub, and the zygote kills the
+child of every stub that is gone.
+
+One launch is one tree: the zygote starts ``mpiexec`` as its own child, so the launcher's
+cleanup (by process tag, :mod:`exercise_utils.processes`) reaches the zygote, ``mpiexec``, the
+stubs and the forked ranks alike. Usage (the harness does this)::
+
+    python -m exercise_utils.zygote --socket S [--preload MODULE ...] -- \\
+        mpiexec -n 2 python -m exercise_utils.zygote --stub S -- ARGS...
+
+where ``ARGS`` are :mod:`exercise_utils.rankworker`'s.
+
+Used by :mod:`exercise_utils.harness` (the MPI checks of 01_mpi_parallel_sgd and
+06_build_your_own_ddp).
+"""
+import argparse
+import array
+import importlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+
+FDS = 8                 # at most this many descriptors travel with a request
+
+
+# ---------------------------------------------------------------- the stub (one per MPI rank)
+def stub(path, args):
+    """Hand this process's rank to the zygote at ``path``; exit with the rank's status."""
+    fds = [0, 1, 2]
+    pmi = os.environ.get("PMI_FD")
+    if pmi is not None:
+        fds.append(int(pmi))
+    request = json.dumps({"env": dict(os.environ), "cwd": os.getcwd(), "args": args,
+                          "fds": fds}).encode()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    socket.send_fds(conn, [len(request).to_bytes(8, "big")], fds)
+    conn.sendall(request)
+    status = b""
+    while True:
+        chunk = conn.recv(64)
+        if not chunk:
+            break
+        status += chunk
+    os._exit(int(status or b"1"))
+
+
+# ---------------------------------------------------------------- the zygote
+def serve(path, command, preload):
+    """Import ``preload``, listen at ``path``, run ``command`` (mpiexec) and fork a rank for
+    every stub that connects; return mpiexec's exit status once it and every rank are done."""
+    import mpi4py
+    mpi4py.rc.initialize = False            # each forked rank initialises MPI itself
+    mpi4py.rc.finalize = False
+    for name in preload:
+        importlib.import_module(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    children = {}                            # stub connection -> forked rank's pid
+    mpiexec = subprocess.Popen(command)
+    try:
+        while mpiexec.poll() is None or children:
+            for key, _ in sel.select(timeout=0.05):
+                if key.fileobj is listener:
+                    conn, _ = listener.accept()
+                    children[conn] = _fork_rank(conn, listener, children)
+                    sel.register(conn, selectors.EVENT_READ)
+                else:                        # a stub spoke or went away: it was killed
+                    _kill(children.pop(key.fileobj, None))
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()
+            for conn, pid in list(children.items()):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    code = os.waitstatus_to_exitcode(status)
+                    try:
+                        conn.sendall(str(code if code >= 0 else 128 - code).encode())
+                    except OSError:
+                        pass
+                    del children[conn]
+                    sel.unregister(conn)
+                    conn.close()
+    finally:
+        for pid in children.values():
+            _kill(pid)
+        if mpiexec.poll() is None:
+            mpiexec.kill()
+        listener.close()
+    return mpiexec.wait()
+
+
+def _fork_rank(conn, listener, children):
+    size_msg, fds, _, _ = socket.recv_fds(conn, 8, FDS)
+    size = int.from_bytes(size_msg, "big")
+    raw = b""
+    while len(raw) < size:
+        raw += conn.recv(size - len(raw))
+    request = json.loads(raw)
+    pid = os.fork()
+    if pid:
+        for fd in fds:
+            os.close(fd)
+        return pid
+    code = 1
+    try:                                     # the rank: take over the stub's identity
+        os.setsid()
+        listener.close()
+        for other in children:
+            other.close()
+        conn.close()
+        import fcntl
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in fds]   # out of the targets' way
+        for fd in fds:
+            os.close(fd)
+        for fd, target in zip(high, request["fds"]):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        sys.stdout = os.fdopen(1, "w", buffering=1)
+        sys.stderr = os.fdopen(2, "w", buffering=1)
+        code = _run_rank(request["args"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - print it and abort the job
+        import traceback
+        traceback.print_exc()
+        _abort()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _run_rank(args):
+    from mpi4py import MPI
+    from . import rankworker
+    MPI.Init()
+    sys.argv = ["exercise_utils.rankworker", *args]
+    try:
+        rankworker.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        if code:
+            _abort(code)
+        if not MPI.Is_finalized():
+            MPI.Finalize()
+        return code
+    return 0
+
+
+def _abort(code=1):
+    from mpi4py import MPI
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.COMM_WORLD.Abort(code)
+
+
+def _kill(pid):
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def main():
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", help="serve stubs at this Unix socket")
+    parser.add_argument("--stub", help="be a rank: hand over to the zygote at this socket")
+    parser.add_argument("--preload", action="append", default=[])
+    opts = parser.parse_args(argv[:cut])
+    rest = argv[cut + 1:]
+    if opts.stub:
+        stub(opts.stub, rest)
+    sys.exit(serve(opts.socket, rest, opts.preload))
+
+
+if __name__ == "__main__":
+    main()
