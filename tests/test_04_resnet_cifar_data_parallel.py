@@ -2,13 +2,17 @@
 the launcher and settings, the real CIFAR-10 loading path on a fixture in CIFAR's pickle
 format, the experiment tables, the GPU path (where a GPU exists), and the whole notebook
 autograded as the solution and as the blank release."""
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exercise_utils import launch, models
-from exercise_utils.resnet_cifar_data_parallel import checks, probes, runner, tricks
+from exercise_utils.resnet_cifar_data_parallel import (checks, checks_rank, probes, probes_rank,
+                                                       runner, tricks)
 from exercise_utils.resnet_cifar_data_parallel import experiments as cx
 from exercise_utils.bench import load_json
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
@@ -44,14 +48,61 @@ def test_importing_the_checker_patches_nothing():
         assert getattr(tricks, name) is probes.ORIGINAL[name]
 
 
+def train_configs():
+    return [(name, world, dataclasses.replace(probes.CONFIG, **changes))
+            for name, world, changes in probes.TRAIN_RUNS]
+
+
 def test_check_config_makes_the_classic_splits_uneven():
-    """47 examples on 2 ranks: the correct split runs 2 minibatches of 8 per rank, the
-    'last rank takes the rest' and strided splits give one rank a third."""
-    c = probes.CONFIG
-    mb = c.batch_size // probes.WORLD
-    per = c.train_size // probes.WORLD
-    assert mb == c.ghost_size and per // mb == 2
-    assert (c.train_size - per) // mb == 3 and -(-c.train_size // 2) // mb == 3
+    """Every train run (47 examples on 2 ranks, 71 on 3, 23 on 1): the correct split runs 2
+    minibatches of one ghost batch per rank and leaves a remainder; with more than one rank
+    the 'last rank takes the rest' and strided (ceil) splits give a rank a third."""
+    for name, world, c in train_configs():
+        mb = c.batch_size // world
+        per = c.train_size // world
+        assert mb == c.ghost_size and per // mb == 2 and (c.train_size % world or world == 1), name
+        assert c.train_size % mb and per % mb, name           # remainders to drop
+        if world > 1:
+            assert (c.train_size - (world - 1) * per) // mb == 3, name
+            assert -(-c.train_size // world) // mb == 3, name
+
+
+def test_the_sweeps_reach_every_edge_the_contract_names():
+    """train: 1, 2 and 3 ranks, 2 epochs, an ema_every that divides the steps of an epoch and
+    one that does not (a count restarted per epoch never reaches it); rank_process: 1, 2 and 3
+    ranks, no GPU, one GPU shared, a GPU per rank, a train that raises, every timeout
+    different, an address other than the default; one launch holds the largest run."""
+    configs = train_configs()
+    assert {world for _, world, _ in configs} == {1, 2, 3}
+    assert all(c.epochs >= 2 for _, _, c in configs)
+    per_epoch = {name: c.train_size // world // (c.batch_size // world)
+                 for name, world, c in configs}
+    everies = {(name, c.ema_every) for name, _, c in configs}
+    assert any(per_epoch[n] % e == 0 for n, e in everies)
+    assert any(per_epoch[n] % e and e <= 2 * per_epoch[n] for n, e in everies)
+    runs = probes_rank.RUNS
+    assert {world for _, world, *_ in runs} == {1, 2, 3}
+    assert {0, 1} <= {gpus for _, _, gpus, *_ in runs}
+    assert any(gpus >= world for _, world, gpus, *_ in runs)
+    assert any(raises for *_, raises in runs)
+    timeouts = [t for _, _, _, t, _, _ in runs]
+    assert len(set(timeouts)) == len(timeouts) and runner.TrainConfig.timeout_s not in timeouts
+    assert {addr for *_, addr, _ in runs} - {runner.TrainConfig.master_addr}
+    assert probes.LAUNCH == max(world for _, world, *_ in runs + probes.TRAIN_RUNS)
+
+
+@settings(max_examples=200, deadline=None)
+@given(gpus=st.integers(0, 8), world=st.integers(1, 8), data=st.data())
+def test_judge_backend_is_choose_backend_under_simulated_gpus(gpus, world, data):
+    """The backend and device the rank_process check demands, for any number of (simulated)
+    GPUs, ranks and rank, are what runner.choose_backend returns (the contract's pair)."""
+    rank = data.draw(st.integers(0, world - 1))
+    set_devices = []
+    with probes.simulated_gpus(gpus, set_devices):
+        backend, device = runner.choose_backend(world, rank)
+    assert (backend, str(device)) == checks_rank.expected_backend(gpus, world, rank)
+    assert set_devices == ([str(rank)] if gpus >= world else [])
+    assert torch.cuda.set_device is not None and "lambda" not in repr(torch.cuda.device_count)
 
 
 # ------------------------------------------------------------------ launcher and settings

@@ -3,8 +3,12 @@
 
 Modules:
 
-* ``checks``: ``check_rank_process`` and ``check_train``;
-* ``probes``: what runs inside the two ranks those checks start (recording trainer parts);
+* ``checks``: ``check_train`` (and ``check_rank_process``, from ``checks_rank``), the two
+  CHECK cells' checkers;
+* ``checks_rank``: ``check_rank_process``'s verdicts;
+* ``probes``: what runs inside the 3 processes those checks start (recording trainer parts,
+  simulated GPUs, the processes kept in step between runs);
+* ``probes_rank``: ``rank_process`` with a stand-in ``train``, in every run;
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
 * ``tricks``: the trainer's parts (whitening, label smoothing, EMA, optimizer, augmentation);

@@ -1,21 +1,31 @@
-"""Checkers of notebook 04: ``rank_process`` and the data-parallel ``train``.
+"""Checkers of notebook 04: ``rank_process`` (:mod:`.checks_rank`) and the data-parallel ``train``.
 
-Both run the student's ``work/04_cifar_dp.py`` in 2 fresh processes through the probes of
-:mod:`.probes`, which record what the trainer's parts from :mod:`.tricks` and the model saw:
-every minibatch each rank trained on, the parameters at the first and the last step, which
-ranks built and updated an EMA model and which validated. The checker then replays
-single-process training on the combined batches (rank 0's minibatch, then rank 1's, step by
-step) and demands the same parameters. Ghost BatchNorm (statistics per ghost batch of 8
-examples, one ghost batch per minibatch) makes that equality exact up to rounding.
+``check_train`` runs the student's ``work/04_cifar_dp.py`` in one launch of 3 fresh processes
+through :func:`.probes.probe_train`, once per run of :data:`.probes.TRAIN_RUNS` (2 ranks; 3
+ranks; 1 rank; 2 ranks with ``ema_every`` 3; every run 2 epochs, a training set the world
+size does not divide). The probe records what the trainer's parts from :mod:`.tricks` and the
+model saw: every minibatch each rank trained on, the parameters and buffers at the first step
+(frozen parameters and BatchNorm statistics drawn at random per rank), the parameters at the
+last, which ranks built and updated an EMA model and which validated. Per run, the checker
+then replays single-process training on the combined batches (rank 0's minibatch, then rank
+1's, ... step by step) and demands the same parameters. Ghost BatchNorm (statistics per ghost
+batch of 8 examples, one ghost batch per minibatch) makes that equality exact up to rounding.
+The verdicts come one promise at a time over every run, the most basic first; each failure
+names its case of the contract (:mod:`.requirements`).
 
 Used in 04_resnet_cifar_data_parallel.
 """
+import copy
+import dataclasses
+
 import numpy as np
 import torch
 
+from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, assert_close, run_ranks
 from . import probes, runner, tricks
-from .probes import CONFIG, MINIBATCH, ORIGINAL, WORLD, params
+from .checks_rank import check_rank_process, distinct_ports  # noqa: F401 - the CHECK cell's
+from .probes import CONFIG, LAUNCH, ORIGINAL, TRAIN_RUNS, params
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 HANG_HINT = ("\nA rank that runs more minibatches than the others waits forever in all_reduce "
@@ -23,108 +33,38 @@ HANG_HINT = ("\nA rank that runs more minibatches than the others waits forever 
              "remainder) so that every rank runs the same number of minibatches.")
 
 
-def check_rank_process(path, timeout=TIMEOUT):
-    """Check ``rank_process``: the store at the config's port with its timeout, a gloo group of
-    2 with the same timeout, train called, a barrier, the group destroyed (also after a raise)."""
-    from ..launch import free_port
-    res = run_ranks(path, probes.probe_rank_process, WORLD, "none",
-                    kwargs=dict(config=CONFIG, ports=_two_ports(free_port)), timeout=timeout,
-                    what="rank_process with 2 ranks", warm_up=True)
-    for rank, out in enumerate(res):
-        got = out["returns"]
-        if "raised" in got:
-            raise AssertionError(f"rank {rank}: rank_process raised {got['raised']}")
-        seen = got["seen"]
-        if seen is None:
-            raise AssertionError(f"rank {rank}: rank_process never called train(rank, "
-                                 f"world_size, config, device)")
-        want = dict(rank=rank, world_size=WORLD, backend="gloo", group_rank=rank,
-                    group_size=WORLD, device="cpu", sum=3.0)
-        wrong = {k: seen[k] for k in want if seen[k] != want[k]}
-        if wrong:
-            raise AssertionError(f"rank {rank}: inside train saw {wrong}; expected "
-                                 f"{ {k: want[k] for k in wrong} } (a gloo group of "
-                                 f"{WORLD} ranks on this CPU-only machine, device cpu)")
-        _check_rendezvous(rank, seen, got["port"])
-        if got.get("value") != {"rank": rank, "ok": True}:
-            raise AssertionError(f"rank {rank}: rank_process returned {got.get('value')!r}; "
-                                 "it must return what train returned")
-        if got["still_initialized"]:
-            raise AssertionError(f"rank {rank}: the process group is still initialized after "
-                                 "rank_process returned: call dist.destroy_process_group() "
-                                 "(after a final dist.barrier())")
-        after = got["events"][got["events"].index("train returned") + 1:]
-        destroy = "dist.destroy_process_group()"
-        if "dist.barrier()" not in after[:after.index(destroy) if destroy in after else None]:
-            raise AssertionError(f"rank {rank}: after train returned, rank_process called "
-                                 f"{' then '.join(after) or 'nothing'}; expected dist.barrier() "
-                                 "and then dist.destroy_process_group(): the barrier makes every "
-                                 "rank finish its last collective before any rank tears the "
-                                 "group down")
-        bad = out.get("raises", {})
-        if "raised" not in bad or "train failed on purpose" not in bad["raised"]:
-            raise AssertionError(f"rank {rank}: when train raises, rank_process must let the "
-                                 f"exception through (got {bad.get('value', bad)!r})")
-        if bad["still_initialized"]:
-            raise AssertionError(f"rank {rank}: when train raised, the process group was left "
-                                 "initialized: destroy it in a `finally:` block")
-
-
-def _check_rendezvous(rank, seen, port):
-    """The store at the config's port; the store and the group with the config's timeout."""
-    want = CONFIG.timeout_s
-    if seen["port"] != port:
-        raise AssertionError(f"rank {rank}: the process group's store listens on port "
-                             f"{seen['port']}; expected config.master_port = {port}: create the "
-                             f"dist.TCPStore at config.master_addr, config.master_port")
-    for what, key, default in (("the TCPStore", "store_timeout", "5 minutes"),
-                               ("the process group", "group_timeout", "30 minutes for gloo")):
-        got = seen[key]
-        if got is not None and abs(got - want) > 0.5:
-            raise AssertionError(
-                f"rank {rank}: {what} has a timeout of {got:g} s; expected config.timeout_s = "
-                f"{want:g} s. Pass timeout=datetime.timedelta(seconds=config.timeout_s) to "
-                f"dist.TCPStore and to dist.init_process_group (their defaults: {default}; a "
-                f"rank waiting for a peer that never comes would block that long)")
-
-
-def _two_ports(free_port):
-    ports = [free_port()]
-    while len(ports) < 2:
-        ports += [p for p in [free_port()] if p not in ports]
-    return ports
-
-
 def check_train(path, timeout=TIMEOUT):
-    """Check the data-parallel ``train``: equal to single-process training on the whole batch."""
+    """Check the data-parallel ``train`` with 1, 2 and 3 ranks: equal to single-process
+    training on the whole batch, from rank 0's model, with the leader alone keeping, updating
+    and validating the EMA model."""
+    ports = distinct_ports(len(TRAIN_RUNS) + 1)
+    runs = [(name, world, dataclasses.replace(CONFIG, master_port=port, **changes))
+            for (name, world, changes), port in zip(TRAIN_RUNS, ports[1:])]
     try:
-        res = run_ranks(path, probes.probe_train, WORLD, "none",
-                        kwargs=dict(config=CONFIG), timeout=timeout,
-                        what="rank_process + train with 2 gloo ranks", warm_up=True)
-    except AssertionError as err:
-        raise AssertionError(str(err) + (HANG_HINT if "hung" in str(err) else "")) from None
-    errors = sorted((out["error_time"], rank, out["error"]) for rank, out in enumerate(res)
-                    if out["error"])
-    if errors and not _waited(errors[0][2]):      # the first failure is a bug, not a wait
-        raise AssertionError(f"rank {errors[0][1]} raised {errors[0][2]}")
-    _check_counts(res)
-    if errors:
-        raise AssertionError(f"rank {errors[0][1]} raised {errors[0][2]}")
-    _check_slices(res)
-    for rank, out in enumerate(res[1:], start=1):
-        assert_close(out["init"], res[0]["init"], "parameters at the first training step must "
-                     "be rank 0's on every rank (the given code seeds every rank differently): "
-                     "broadcast rank 0's parameters and buffers after building the model",
-                     rank, atol=0, rtol=0)
-    want, want_ema = replay(res, CONFIG)
-    for rank, out in enumerate(res):
-        assert_close(out["final"], want, f"parameters after {len(res[0]['epochs'])} epochs must "
-                     "equal single-process training on the combined batches (rank 0's minibatch "
-                     "then rank 1's, loss summed over the batch, optimizer built for "
-                     f"{CONFIG.batch_size} examples per step). Too large or too small by "
-                     f"a factor of {WORLD}? Check how the all-reduced gradients are scaled",
-                     rank, atol=2e-5, rtol=2e-4)
-    _check_leader_only(res, want_ema)
+        res = run_ranks(path, probes.probe_train, LAUNCH, "none",
+                        kwargs=dict(runs=runs, port=ports[0]), timeout=timeout,
+                        what="rank_process + train with 1, 2 and 3 gloo ranks", warm_up=True,
+                        case="train-counts")
+    except CheckFailure as err:
+        raise CheckFailure(str(err) + (HANG_HINT if "hung" in str(err) else ""),
+                           err.case) from None
+    done = [(name, world, config, [res[r][name] for r in range(world)])
+            for name, world, config in runs if name in res[0]]
+    for run in done:
+        _check_errors(run, waits=False)
+    for run in done:
+        _check_counts(run)
+    for run in done:
+        _check_errors(run, waits=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)          # the replays: tiny convolutions, 10x slower on 2 threads
+    try:                              # of a busy machine
+        for check in (_check_slices, _check_init, _check_step, _check_leader, _check_ema,
+                      _check_validates, _check_returns):
+            for run in done:
+                check(run)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _waited(error):
@@ -133,96 +73,199 @@ def _waited(error):
     return any(w in error.split("\n")[0].lower() for w in words)
 
 
-def _check_counts(res):
-    counts = [[len(e) for e in out["epochs"]] for out in res]
+def _check_errors(run, waits):
+    """The first error of the run (a bug), or with ``waits`` the first of any kind (a rank
+    left waiting for its peers), charged to the part of train that raised it."""
+    name, _, _, outs = run
+    errors = sorted((out["error"]["time"], rank, out["error"]) for rank, out in enumerate(outs)
+                    if out["error"])
+    if errors and (waits or not _waited(errors[0][2]["text"])):
+        _, rank, error = errors[0]
+        fail(error["case"] or "train-step", f"rank {rank} of the run with {name} raised "
+                                            f"{error['text']}")
+
+
+def _check_counts(run):
+    name, world, config, outs = run
+    counts = [[len(e) for e in out["epochs"]] for out in outs]
     if len(set(map(tuple, counts))) > 1:
         shown = ", ".join(f"rank {r} ran {c}" for r, c in enumerate(counts))
-        raise AssertionError(f"minibatches per epoch differ: {shown} (training set of "
-                             f"{CONFIG.train_size} examples, batch {CONFIG.batch_size} = "
-                             f"{WORLD} ranks x minibatch {MINIBATCH}).{HANG_HINT}")
+        fail("train-counts", f"run with {name}: minibatches per epoch differ: {shown} (training "
+                             f"set of {config.train_size} examples, batch {config.batch_size} "
+                             f"= {world} rank(s) x minibatch {config.batch_size // world})."
+                             f"{HANG_HINT}")
     if not counts[0] or not counts[0][0]:
-        raise AssertionError("no minibatch was trained on: train must loop over "
-                             "T.minibatches(x_local, y_local, minibatch_size, ...)")
+        fail("train-counts", f"run with {name}: no minibatch was trained on: train must loop "
+                             "over T.minibatches(x_local, y_local, minibatch_size, ...)")
 
 
-def _check_slices(res):
-    train = runner.load_data(CONFIG, "train", verbose=False)
+def _check_slices(run):
+    name, world, config, outs = run
+    train = runner.load_data(config, "train", verbose=False)
     index = {row.tobytes(): i for i, row in enumerate(train.x.numpy())}
-    for epoch in range(len(res[0]["epochs"])):
+    minibatch = config.batch_size // world
+    for epoch in range(len(outs[0]["epochs"])):
         owner = {}
-        for rank, out in enumerate(res):
+        for rank, out in enumerate(outs):
             for xb, _ in out["epochs"][epoch]:
-                if len(xb) != MINIBATCH:
-                    raise AssertionError(f"rank {rank} trained on minibatches of {len(xb)} "
-                                         f"examples; with batch {CONFIG.batch_size} and {WORLD} "
-                                         f"ranks each rank's minibatch is {MINIBATCH}")
+                if len(xb) != minibatch:
+                    fail("train-slices", f"run with {name}: rank {rank} trained on minibatches "
+                                         f"of {len(xb)} examples; with batch "
+                                         f"{config.batch_size} and {world} rank(s) each rank's "
+                                         f"minibatch is {minibatch}")
                 for row in xb:
                     i = index.get(row.tobytes())
                     if i is None:
-                        raise AssertionError(f"rank {rank} trained on an image that is not in "
-                                             "the training set")
+                        fail("train-slices", f"run with {name}: rank {rank} trained on an "
+                                             "image that is not in the training set")
                     if i in owner:
                         who = "twice" if owner[i] == rank else f"and rank {owner[i]} both"
-                        raise AssertionError(
-                            f"rank {rank} {who} trained on example {i} in epoch {epoch + 1}: "
-                            "each rank must take its own slice of the training data")
+                        fail("train-slices",
+                             f"run with {name}: rank {rank} {who} trained on example {i} in "
+                             f"epoch {epoch + 1}: each rank must take its own slice of the "
+                             "training data")
                     owner[i] = rank
+    per_rank = config.train_size // world
+    for rank, out in enumerate(outs):
+        got = (out["summary"] or {}).get("examples") if isinstance(out["summary"], dict) else None
+        if got is not None and got != per_rank:
+            fail("train-slices", f"run with {name}: rank {rank} holds {got} training examples; "
+                                 f"give every rank len(data) // world_size = "
+                                 f"{config.train_size} // {world} = {per_rank} (drop only the "
+                                 f"remainder)")
 
 
-def replay(res, config):
-    """Single-process training on the combined minibatches the ranks recorded, with its EMA
-    updated after steps ``ema_every``, ``2 * ema_every``, ...; returns both models' parameters."""
-    steps = len(res[0]["epochs"][0])
-    init = {k: torch.from_numpy(v) for k, v in res[0]["init"].items()}
+def _check_init(run):
+    name, _, _, outs = run
+    for rank, out in enumerate(outs[1:], start=1):
+        assert_close(out["init"], outs[0]["init"], f"run with {name}: parameters and buffers "
+                     "at the first training step must be rank 0's on every rank, frozen "
+                     "parameters and BatchNorm statistics included (the given code seeds every "
+                     "rank differently): broadcast every tensor of model.state_dict() from "
+                     "rank 0 after building the model", rank, atol=0, rtol=0,
+                     case="train-init", dtype=True)
+
+
+def replay(outs, config):
+    """Single-process training on the combined minibatches the ranks recorded, one step at a
+    time, each step from rank 0's parameters before it (so that rounding differences never
+    grow over steps); its EMA built from the starting model and updated with rank 0's
+    parameters after steps ``ema_every``, ``2 * ema_every``, ... (counted over all epochs).
+
+    Returns:
+        (parameters after each step, the EMA model's parameters)
+    """
+    rank0 = outs[0]
+    steps = len(rank0["epochs"][0])
+    init = {k: torch.from_numpy(v) for k, v in rank0["init"].items()}
     model = ORIGINAL["ResNetBagOfTricks"](init["whiten.weight"], width=config.width,
-                                           ghost_size=config.ghost_size)
+                                          ghost_size=config.ghost_size)
+    model.load_state_dict(init)
+    names = dict(model.named_parameters())
+    before = [{k: v for k, v in rank0["init"].items() if k in names}] + rank0["trajectory"]
+    opt, schedule = tricks.make_optimizer(model, config.batch_size, config.epochs * steps,
+                                          lr=config.lr, weight_decay=config.weight_decay)
+    ema, current = ORIGINAL["EMA"](model, config.ema_momentum), copy.deepcopy(model)
+    batches = [[o["epochs"][e][i] for o in outs] for e in range(len(rank0["epochs"]))
+               for i in range(steps)]
+    after = []
+    for step, parts in enumerate(batches):
+        _load(model, before[step])
+        xb = torch.from_numpy(np.concatenate([x for x, _ in parts]))
+        yb = torch.from_numpy(np.concatenate([y for _, y in parts]))
+        loss = tricks.label_smoothing_loss(model(xb), yb, config.label_smoothing).sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        schedule.step()
+        after.append(params(model))
+        if (step + 1) % config.ema_every == 0:
+            _load(current, (rank0["trajectory"] + [rank0["final"]])[step])
+            ema.update(current)
+    return after, params(ema.model)
+
+
+def _load(model, arrays):
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(init[name])
-    opt, schedule = tricks.make_optimizer(model, config.batch_size, config.epochs * steps,
-                                                lr=config.lr, weight_decay=config.weight_decay)
-    ema, done = ORIGINAL["EMA"](model, config.ema_momentum), 0
-    for epoch in range(len(res[0]["epochs"])):
-        for step in range(steps):
-            xb = torch.from_numpy(np.concatenate([o["epochs"][epoch][step][0] for o in res]))
-            yb = torch.from_numpy(np.concatenate([o["epochs"][epoch][step][1] for o in res]))
-            loss = tricks.label_smoothing_loss(model(xb), yb, config.label_smoothing).sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            schedule.step()
-            done += 1
-            if done % config.ema_every == 0:
-                ema.update(model)
-    return params(model), params(ema.model)
+            p.copy_(torch.from_numpy(arrays[name]))
 
 
-def _check_leader_only(res, want_ema):
-    """Rank 0 alone built an EMA model, updated it after the right steps (its weights equal the
-    replay's EMA) and validated it, the EMA model, once per epoch."""
-    steps = sum(len(e) for e in res[0]["epochs"])
-    every = CONFIG.ema_every
-    want_steps = list(range(every, steps + 1, every))
-    for rank, out in enumerate(res[1:], start=1):
+def _check_step(run):
+    name, world, config, outs = run
+    want, outs[0]["replayed_ema"] = replay(outs, config)
+    total = len(want)
+    for step, expected in enumerate(want):
+        for rank, out in enumerate(outs):
+            got = (out["trajectory"] + [out["final"]])[step]
+            assert_close(got, expected, f"run with {name}: parameters after step {step + 1} of "
+                         f"{total} must equal single-process training's step on the combined "
+                         f"batch (rank 0's minibatch then rank 1's ..., loss summed over the "
+                         f"batch, optimizer built for {config.batch_size} examples per step) "
+                         f"from the same parameters. Too large or too small by a factor of "
+                         f"{world}? Scale the all-reduced gradients by 1 / world_size (not by "
+                         f"a constant)", rank, atol=2e-5, rtol=2e-4, case="train-step")
+
+
+def _check_leader(run):
+    name, _, _, outs = run
+    for rank, out in enumerate(outs[1:], start=1):
         if out["ema_made"] or out["evaluated"]:
-            raise AssertionError(f"rank {rank} built {out['ema_made']} EMA model(s) and "
-                                 f"validated {len(out['evaluated'])} times: only the leader "
-                                 "(rank 0) keeps the EMA model and validates")
-    out = res[0]
-    if out["ema_made"] != 1:
-        raise AssertionError(f"rank 0 built {out['ema_made']} EMA models; expected one, built "
-                             "once before training")
+            fail("train-leader", f"run with {name}: rank {rank} built {out['ema_made']} EMA "
+                                 f"model(s) and validated {len(out['evaluated'])} times: only "
+                                 "the leader (rank 0) keeps the EMA model and validates")
+    if outs[0]["ema_made"] != 1:
+        fail("train-leader", f"run with {name}: rank 0 built {outs[0]['ema_made']} EMA models; "
+                             "expected one, built once before training")
+
+
+def _check_ema(run):
+    """The leader updated its EMA after the right steps; its weights equal the replay's EMA."""
+    name, _, config, outs = run
+    out = outs[0]
+    steps = sum(len(e) for e in out["epochs"])
+    every = config.ema_every
+    want_steps = list(range(every, steps + 1, every))
     if out["ema_steps"] != want_steps:
-        raise AssertionError(
-            f"rank 0 updated its EMA model after optimizer steps {out['ema_steps']} of {steps}; "
-            f"expected after steps {want_steps}: every config.ema_every = {every} steps, counting "
-            f"steps from 1 and updating after opt.step() (step += 1 first, then "
-            f"if step % config.ema_every == 0)")
-    assert_close(out["ema"], want_ema, f"the EMA model's weights after {steps} steps must be "
-                 f"those of single-process training's EMA (T.EMA(model, config.ema_momentum) "
-                 f"built from the starting model, ema.update(model) after steps {want_steps})",
-                 0, atol=2e-5, rtol=2e-4)
-    if out["evaluated"] != ["the EMA model"] * CONFIG.epochs:
-        raise AssertionError(f"rank 0 validated {out['evaluated'] or 'nothing'} in "
-                             f"{CONFIG.epochs} epochs; expected the EMA model (ema.model) once "
-                             f"per epoch")
+        fail("train-ema",
+             f"run with {name}: rank 0 updated its EMA model after optimizer steps "
+             f"{out['ema_steps']} of {steps}; expected after steps {want_steps}: every "
+             f"config.ema_every = {every} steps, counting steps from 1 over all epochs (do not "
+             f"restart the count each epoch) and updating after opt.step() (step += 1 first, "
+             f"then if step % config.ema_every == 0)")
+    assert_close(out["ema"], out["replayed_ema"], f"run with {name}: the EMA model's weights "
+                 f"after {steps} steps must be those of single-process training's EMA "
+                 f"(T.EMA(model, config.ema_momentum) built from the starting model, "
+                 f"ema.update(model) after steps {want_steps}, each after opt.step())", 0,
+                 atol=2e-5, rtol=2e-4, case="train-ema")
+
+
+def _check_validates(run):
+    name, _, config, outs = run
+    if outs[0]["evaluated"] != ["the EMA model"] * config.epochs:
+        fail("train-validates", f"run with {name}: rank 0 validated "
+                                f"{outs[0]['evaluated'] or 'nothing'} in {config.epochs} "
+                                f"epochs; expected the EMA model (ema.model) once per epoch")
+
+
+def _check_returns(run):
+    """What train returns: this rank's sizes and counts; the leader's records, one per epoch
+    with the accuracy its validation measured; none on the other ranks."""
+    name, world, config, outs = run
+    for rank, out in enumerate(outs):
+        got = out["summary"]
+        want = dict(rank=rank, world_size=world, examples=config.train_size // world,
+                    minibatch_size=config.batch_size // world,
+                    minibatches_per_epoch=len(out["epochs"][0]))
+        wrong = {k: got.get(k) for k in want if got.get(k) != want[k]} if isinstance(
+            got, dict) else {"summary": got}
+        accuracies = [e.get("val_acc") for e in got.get("epochs", [])] if not wrong else None
+        expected = out["accuracies"] if rank == 0 else []
+        if wrong or accuracies != expected:
+            fail("train-returns", f"run with {name}: rank {rank}'s train returned "
+                                  f"{wrong or {'validation accuracies': accuracies}}; expected "
+                                  f"{ {k: want[k] for k in wrong} if wrong else expected}: "
+                                  f"return runner.summary(...) as the given code does, with "
+                                  f"one record per epoch on the leader (history.append("
+                                  f"runner.epoch_record(...)) after validating) and none on "
+                                  f"the other ranks")

@@ -1,20 +1,24 @@
-"""What runs inside the two processes of notebook 04's checks: recording parts and the probes.
+"""What runs inside the processes of notebook 04's checks: recording parts, the train probe, and
+what both probes share (simulated GPUs, ranks kept in step between runs).
 
-Both checks run the student's ``work/04_cifar_dp.py`` in 2 fresh processes (the student's own
-``rank_process`` sets up the TCPStore and the gloo process group). :func:`probe_train`
-replaces the trainer's parts from :mod:`.tricks` and the model by recording ones (also where
-the student imported their names), so it reports, per rank, every minibatch trained on, the
-parameters at the first and the last step, which ranks built an EMA model, after which steps
-they updated it and its final weights, and which model each rank validated.
-:func:`probe_rank_process` hands ``rank_process`` a stand-in ``train`` that reports the process
-group it runs in (rank, size, backend, device, the store's port and timeout, the group's
-timeout) and logs the order of its return, barriers and ``destroy_process_group``.
-The verdicts are in :mod:`.checks`.
+Each check starts :data:`LAUNCH` fresh processes once and runs the student's ``rank_process``
+several times in them (*runs*: 1, 2 or 3 ranks, other settings), each run with its own
+TCPStore port; between two runs every process waits for the others (:class:`Lockstep`, a store
+of the probe's own), and after a run in which a rank failed all of them stop.
+:func:`probe_train` replaces the trainer's parts from :mod:`.tricks` and the model by recording
+ones (also where the student imported their names), so it reports, per run and rank, every
+minibatch trained on, the parameters and buffers at the first step and the parameters after
+every step, which ranks built an EMA model, after which steps they updated it and its final weights,
+which model each rank validated, and what ``rank_process`` returned. The recorded model draws
+its frozen parameters and BatchNorm statistics at random (from torch's global generator, as
+the rest of the model), so that a broadcast that leaves them out shows.
+The rank_process probe is :mod:`.probes_rank`; the verdicts are in :mod:`.checks`.
 
 Used in 04_resnet_cifar_data_parallel.
 """
-import dataclasses
-import os
+import contextlib
+import datetime
+import json
 import time
 import traceback
 
@@ -24,7 +28,8 @@ import torch._dynamo  # noqa: F401 - the ranks' optimizers need it: imported onc
 from .. import models
 from . import runner, tricks
 
-WORLD = 2
+WORLD = 2                     # ranks of the first (baseline) run of each check
+LAUNCH = 3                    # processes each check starts (the largest run's ranks)
 MINIBATCH = 8                 # examples per rank and step (= one ghost batch)
 
 
@@ -39,37 +44,135 @@ CONFIG = runner.TrainConfig(
     batch_size=WORLD * MINIBATCH, width=4, ghost_size=MINIBATCH, ema_every=2, lr=0.1,
     whitening_examples=40, augment=False, amp=False, seed=3, timeout_s=30, threads=1)
 
+# The runs of check_train, in the order they run: (name, ranks, settings changed from CONFIG).
+# Every run has 2 minibatches per rank and epoch, 4 optimizer steps in all; 71 examples on 3
+# ranks and 23 on 1 leave a remainder the same way 47 on 2 do. ema_every 3 does not divide the
+# steps of an epoch: a step counter that restarts every epoch never reaches it.
+TRAIN_RUNS = (
+    ("2 ranks", WORLD, {}),
+    ("3 ranks", 3, dict(train_size=3 * (3 * MINIBATCH - 1) + 2, batch_size=3 * MINIBATCH)),
+    ("1 rank", 1, dict(train_size=3 * MINIBATCH - 1, batch_size=MINIBATCH)),
+    ("2 ranks, ema_every 3", WORLD, dict(ema_every=3)),
+)
 
+
+class Lockstep:
+    """The launch's processes in step between runs, through a TCPStore of the probe's own (at
+    ``port``, hosted by process 0; never the student's). Waiting for it blocks without running
+    Python, so ranks that all wait are seen as hung (:mod:`exercise_utils.heartbeat`)."""
+
+    def __init__(self, ctx, port):
+        import torch.distributed as dist
+        self.rank, self.size = ctx.rank, ctx.size
+        self.store = dist.TCPStore("127.0.0.1", port, ctx.size, ctx.rank == 0,
+                                   timeout=datetime.timedelta(seconds=3600))
+
+    def after(self, run, ok):
+        """Say whether this process's part of ``run`` went well; wait for every process;
+        return whether all did."""
+        self.store.set(f"{run}/{self.rank}", "ok" if ok else "failed")
+        keys = [f"{run}/{r}" for r in range(self.size)]
+        self.store.wait(keys)
+        return all(self.store.get(k) == b"ok" for k in keys)
+
+    def close(self):
+        """Process 0 hosts the store: it leaves last."""
+        self.store.set(f"bye/{self.rank}", "1")
+        if self.rank == 0:
+            self.store.wait([f"bye/{r}" for r in range(self.size)])
+
+
+@contextlib.contextmanager
+def simulated_gpus(count, set_devices=None):
+    """Make torch.cuda say there are ``count`` GPUs (0: none) for the block; calls of
+    ``torch.cuda.set_device`` are appended to ``set_devices`` instead of run. Communication
+    stays on the CPU (gloo): the checks run the same on machines with and without GPUs."""
+    cuda = torch.cuda
+    saved = {name: getattr(cuda, name) for name in ("is_available", "device_count", "set_device")}
+    cuda.is_available = lambda: count > 0
+    cuda.device_count = lambda: count
+    cuda.set_device = lambda device: (set_devices if set_devices is not None else []).append(
+        str(device))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(cuda, name, fn)
+
+
+def plain(value):
+    """``value`` as plain data (JSON types), else its repr: what crosses to the judge."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return repr(value)[:300]
+
+
+def error_text(exc, student):
+    """The error and the traceback lines in the student's file (else the last three)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if f.filename == student.__file__] or frames[-3:]
+    return f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_list(mine))
+
+
+# ------------------------------------------------------------------ recording parts (train)
 class _Record:
-    def __init__(self):
-        self.epochs, self.init, self.model = [], None, None
-        self.emas, self.ema_steps, self.evaluated = [], [], []
+    def __init__(self, ctx=None):
+        self.epochs, self.init, self.model, self.ctx = [], None, None, ctx
+        self.emas, self.ema_steps, self.evaluated, self.accuracies = [], [], [], []
+        self.trajectory, self.case = [], None      # parameters before steps 2, 3, ...
+
+    def enter(self, case):
+        """The part of train that runs now (a check case): errors and hangs are charged to it."""
+        self.case = case
+        if self.ctx is not None:
+            self.ctx.case(case)
 
 
 REC = _Record()
 
 
 class _RecordedModel(models.ResNetBagOfTricks):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        with torch.no_grad():                      # frozen parameters and buffers, at random
+            w = self.whiten.weight
+            w.mul_(1 + 0.05 * torch.randn(w.shape[0], 1, 1, 1))
+            for m in self.modules():
+                if isinstance(m, models.GhostBatchNorm):
+                    m.weight.uniform_(0.8, 1.2)
+                    m.running_mean.normal_(0, 0.1)
+                    m.running_var.uniform_(0.5, 2.0)
+                    m.num_batches_tracked.fill_(int(torch.randint(1, 1000, ())))
+        REC.enter("train-init")
+
     def forward(self, x):
         if self.training and torch.is_grad_enabled() and REC.init is None:
-            REC.init, REC.model = params(self), self
+            REC.init, REC.model = state(self), self
+            REC.enter("train-step")
         return super().forward(x)
 
 
 class _RecordedEMA(tricks.EMA):
     def __init__(self, *args, **kwargs):
         REC.emas.append(self)
+        REC.enter("train-leader")
         super().__init__(*args, **kwargs)
 
     def update(self, model):
         REC.ema_steps.append(sum(len(e) for e in REC.epochs))     # minibatches trained so far
-        return super().update(model)
+        case, _ = REC.case, REC.enter("train-ema")
+        out = super().update(model)
+        REC.enter(case)
+        return out
 
 
 def _recorded_minibatches(*args, **kwargs):
     epoch = []
     REC.epochs.append(epoch)
     for xb, yb in ORIGINAL["minibatches"](*args, **kwargs):
+        if REC.model is not None:                 # a step was taken since the last minibatch
+            REC.trajectory.append(params(REC.model))
         epoch.append((xb.detach().cpu().numpy().copy(), yb.detach().cpu().numpy().copy()))
         yield xb, yb
 
@@ -77,13 +180,17 @@ def _recorded_minibatches(*args, **kwargs):
 def _recorded_evaluate(model, *args, **kwargs):
     REC.evaluated.append("the EMA model" if any(model is e.model for e in REC.emas) else
                          "the trained model" if model is REC.model else "another model")
-    return ORIGINAL["evaluate"](model, *args, **kwargs)
+    case, _ = REC.case, REC.enter("train-validates")
+    accuracy = ORIGINAL["evaluate"](model, *args, **kwargs)
+    REC.accuracies.append(float(accuracy))
+    REC.enter(case)
+    return accuracy
 
 
 ORIGINAL = {"ResNetBagOfTricks": models.ResNetBagOfTricks, "EMA": tricks.EMA,
-             "minibatches": tricks.minibatches, "evaluate": tricks.evaluate}
+            "minibatches": tricks.minibatches, "evaluate": tricks.evaluate}
 REPLACEMENT = {"ResNetBagOfTricks": _RecordedModel, "EMA": _RecordedEMA,
-                "minibatches": _recorded_minibatches, "evaluate": _recorded_evaluate}
+               "minibatches": _recorded_minibatches, "evaluate": _recorded_evaluate}
 
 
 def _install(student):
@@ -115,113 +222,46 @@ def params(model):
     return {k: v.detach().cpu().numpy().copy() for k, v in model.named_parameters()}
 
 
-def _error_text(exc, student):
-    """The error and the traceback lines in the student's file (else the last three)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    mine = [f for f in frames if f.filename == student.__file__] or frames[-3:]
-    return f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_list(mine))
+def state(model):
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
-def probe_train(student, ctx, config):
-    """Run the student's rank_process with recording parts; report what each rank did."""
-    config = dataclasses.replace(config, master_port=int(os.environ["MASTER_PORT"]))
-    torch.manual_seed(1000 + ctx.rank)      # the ranks' global random states differ
+# ------------------------------------------------------------------ the train probe
+def probe_train(student, ctx, runs, port):
+    """Run the student's rank_process with recording parts, once per run of ``runs`` (name,
+    ranks, config: the processes beyond a run's ranks wait); report, per run, what this rank
+    did. All processes stop after a run in which one of them raised."""
+    global REC
+    step, out = Lockstep(ctx, port), {}
+    torch.set_num_threads(1)                      # 3 processes on 2 cores: no oversubscription
+    with simulated_gpus(0):                       # every run on the CPU, with or without GPUs
+        for name, world, config in runs:
+            if ctx.rank < world:
+                REC = _Record(ctx)
+                out[name] = _train_run(student, ctx.rank, world, config)
+            ctx.case("train-counts")              # waiting for ranks that run more minibatches?
+            if not step.after(name, ctx.rank >= world or out[name]["error"] is None):
+                break
+    step.close()
+    return out
+
+
+def _train_run(student, rank, world, config):
+    torch.manual_seed(1000 + rank)                # the ranks' global random states differ
     undo = _install(student)
-    error, when = None, None
+    error, summary = None, None
+    REC.enter("train-slices")
     try:
-        student.rank_process(ctx.rank, ctx.size, config)
+        summary = plain(student.rank_process(rank, world, config))
     except NotImplementedError:
         raise
     except Exception as exc:  # noqa: BLE001 - reported with the counts, see check_train
-        error, when = _error_text(exc, student), time.time()
+        error = dict(text=error_text(exc, student), time=time.time(), case=REC.case)
     finally:
         undo()
-    final = params(REC.model) if REC.model is not None else None
-    ema = params(REC.emas[-1].model) if REC.emas else None
-    return dict(error=error, error_time=when, epochs=REC.epochs, init=REC.init, final=final,
-                ema_made=len(REC.emas), ema_steps=REC.ema_steps, ema=ema,
-                evaluated=REC.evaluated)
-
-
-def _rendezvous():
-    """Port and timeout (seconds) of the default group's store, and the group's own timeout."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-    store = c10d._get_default_store()
-    found = dict(port=getattr(getattr(store, "underlying_store", store), "port", None),
-                 store_timeout=store.timeout.total_seconds(), group_timeout=None)
-    try:
-        backend = dist.group.WORLD._get_backend(torch.device("cpu"))
-        found["group_timeout"] = backend.options._timeout.total_seconds()
-    except (AttributeError, RuntimeError):
-        pass
-    return found
-
-
-def _watch_barrier_and_destroy(student, events):
-    """Log calls of dist.barrier / monitored_barrier / destroy_process_group into ``events``
-    (also where the student imported the names); return a function that undoes it."""
-    import torch.distributed as dist
-    undo = []
-    for name, event in (("barrier", "dist.barrier()"), ("monitored_barrier", "dist.barrier()"),
-                        ("destroy_process_group", "dist.destroy_process_group()")):
-        original = getattr(dist, name)
-
-        def logged(*args, _fn=original, _event=event, **kwargs):
-            events.append(_event)
-            return _fn(*args, **kwargs)
-        for owner in (dist, student):
-            for key, value in list(vars(owner).items()):
-                if value is original:
-                    undo.append((owner, key, original))
-                    setattr(owner, key, logged)
-    return lambda: [setattr(owner, key, fn) for owner, key, fn in undo]
-
-
-def probe_rank_process(student, ctx, config, ports):
-    """Run rank_process with a stand-in train (a correct one, and one that raises); report what
-    train saw (rank, group, device, the rendezvous' port and timeouts) and, per case, the order
-    of train's return, barriers and destroy_process_group."""
-    import torch.distributed as dist
-    seen, events = [], []
-
-    def fake_train(rank, world_size, cfg, device):
-        seen.append(dict(rank=rank, world_size=world_size, device=str(device),
-                         backend=dist.get_backend(), group_rank=dist.get_rank(),
-                         group_size=dist.get_world_size(), **_rendezvous()))
-        t = torch.tensor([float(rank + 1)])
-        dist.all_reduce(t)
-        seen[-1]["sum"] = float(t)
-        if cfg.seed == 666:
-            raise KeyError("train failed on purpose")
-        events.append("train returned")
-        return {"rank": rank, "ok": True}
-
-    student.train = fake_train
-    undo = _watch_barrier_and_destroy(student, events)
-    out = {}
-    try:
-        for case, port in zip(("returns", "raises"), ports):
-            cfg = dataclasses.replace(config, master_port=port, seed=666 if case == "raises" else 0)
-            del events[:]
-            try:
-                out[case] = {"value": student.rank_process(ctx.rank, ctx.size, cfg)}
-            except NotImplementedError:
-                raise
-            except Exception as exc:  # noqa: BLE001
-                out[case] = {"raised": f"{type(exc).__name__}: {exc}"}
-            out[case].update(seen=seen[-1] if seen else None, events=list(events),
-                             still_initialized=dist.is_initialized(), port=port)
-            if (out[case]["seen"] or {}).get("port", port) != port:
-                break           # the second rendezvous would meet on the same wrong port
-            if dist.is_initialized():
-                # Tidy up what the student left (a live gloo group aborts the process at exit,
-                # which could kill the other rank before it reports); the ranks are in step here.
-                try:
-                    dist.barrier()
-                finally:
-                    dist.destroy_process_group()
-                break
-    finally:
-        undo()
-    return out
+    return dict(error=error, epochs=REC.epochs, init=REC.init, summary=summary,
+                trajectory=REC.trajectory,
+                final=params(REC.model) if REC.model is not None else None,
+                ema_made=len(REC.emas), ema_steps=REC.ema_steps,
+                ema=params(REC.emas[-1].model) if REC.emas else None,
+                evaluated=REC.evaluated, accuracies=REC.accuracies)
