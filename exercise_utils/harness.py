@@ -15,15 +15,22 @@ fc1.weight".
 
 Used by every checker (01_mpi_parallel_sgd onwards).
 """
+import contextlib
+import functools
+import os
 import pickle
 import re
+import subprocess
 import sys
 import tempfile
+import time
+import uuid
 from pathlib import Path
 
 import numpy as np
 
 from . import heartbeat, integrity, launch
+from .processes import TAG, kill_processes, tagged_processes
 from .contract import CheckFailure
 
 
@@ -126,9 +133,67 @@ def _launch(worker_args, world_size, backend, limit, what, watch):
     quiet = dict(timeout=limit, echo=False, what=what, watch=watch)
     if backend == "mpi":
         launch.run(_zygote_command(worker_args, world_size), nprocs=world_size, **quiet)
+    elif _SESSION:
+        launch.run(_session_command(worker_args, world_size), nprocs=world_size, **quiet)
     else:
         launch.run([sys.executable, "-m", "exercise_utils.rankworker", "--spawn",
                     str(world_size), *worker_args], nprocs=world_size, **quiet)
+
+
+_SESSION = []       # the socket of the zygote serving the check that runs now (see session)
+
+
+@contextlib.contextmanager
+def session():
+    """Inside the block, every gloo and lone-process launch forks its ranks from one zygote
+    (:mod:`.zygote`) that imports torch and the probes' modules once, instead of a new
+    interpreter per launch importing them again (a check makes two to four launches). The
+    zygote is stopped when the block ends; nested blocks share it.
+    """
+    if _SESSION:
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="dtfs-zygote-") as tmp:
+        sock = Path(tmp) / "zygote.sock"
+        env = {**os.environ, TAG: f"{os.getpid()}:{uuid.uuid4().hex}"}
+        proc = subprocess.Popen([sys.executable, "-m", "exercise_utils.zygote", "--socket",
+                                 str(sock)], env=env, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            while not sock.exists():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the check's zygote exited with {proc.returncode}")
+                time.sleep(0.01)
+            _SESSION.append(str(sock))
+            yield
+        finally:
+            _SESSION.clear()
+            proc.kill()
+            proc.wait()
+            kill_processes(tagged_processes(env[TAG]))
+
+
+def check(func):
+    """Decorator of every ``check_*`` function: the check runs in one :func:`session`."""
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        with session():
+            return func(*args, **kwargs)
+    return wrapper
+
+
+def _session_command(worker_args, world_size):
+    """A ``rankworker --spawn`` launch handed to the session's zygote by a bare stub."""
+    opts = dict(zip(worker_args[::2], worker_args[1::2]))
+    module, probe = opts["--probe"].split(":")
+    preload = ["numpy", "exercise_utils.rankworker", module]
+    if opts["--backend"] == "gloo" or _needs_torch(Path(opts["--student"]), module, probe):
+        preload = ["torch", "torch.distributed", *preload]
+    if "--warm-up" in worker_args:
+        preload.append("torch._dynamo")
+    return [sys.executable, "-m", "exercise_utils.zygote", "--stub", _SESSION[0], "--spawn",
+            *[a for name in preload for a in ("--preload", name)], "--", "--spawn",
+            str(world_size), *worker_args]
 
 
 def _zygote_command(worker_args, world_size):

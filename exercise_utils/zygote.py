@@ -38,14 +38,16 @@ FDS = 8                 # at most this many descriptors travel with a request
 
 
 # ---------------------------------------------------------------- the stub (one per MPI rank)
-def stub(path, args):
-    """Hand this process's rank to the zygote at ``path``; exit with the rank's status."""
+def stub(path, args, preload=(), mpi=True):
+    """Hand this process's rank (or, without ``mpi``, its ``rankworker --spawn`` launch) to
+    the zygote at ``path``, which imports ``preload`` first if it has not yet; exit with the
+    child's status."""
     fds = [0, 1, 2]
     pmi = os.environ.get("PMI_FD")
     if pmi is not None:
         fds.append(int(pmi))
     request = json.dumps({"env": dict(os.environ), "cwd": os.getcwd(), "args": args,
-                          "fds": fds}).encode()
+                          "fds": fds, "preload": list(preload), "mpi": mpi}).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
     socket.send_fds(conn, [len(request).to_bytes(8, "big")], fds)
@@ -62,10 +64,13 @@ def stub(path, args):
 # ---------------------------------------------------------------- the zygote
 def serve(path, command, preload):
     """Import ``preload``, listen at ``path``, run ``command`` (mpiexec) and fork a rank for
-    every stub that connects; return mpiexec's exit status once it and every rank are done."""
-    import mpi4py
-    mpi4py.rc.initialize = False            # each forked rank initialises MPI itself
-    mpi4py.rc.finalize = False
+    every stub that connects; return mpiexec's exit status once it and every rank are done.
+    Without a ``command``, serve until killed or until the process that started it is gone
+    (a check's session: :func:`exercise_utils.harness.session`)."""
+    if command:
+        import mpi4py
+        mpi4py.rc.initialize = False        # each forked rank initialises MPI itself
+        mpi4py.rc.finalize = False
     for name in preload:
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -74,9 +79,10 @@ def serve(path, command, preload):
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     children = {}                            # stub connection -> forked rank's pid
-    mpiexec = subprocess.Popen(command)
+    mpiexec = subprocess.Popen(command) if command else None
+    owner = os.getppid()
     try:
-        while mpiexec.poll() is None or children:
+        while (mpiexec.poll() is None or children) if mpiexec else os.getppid() == owner:
             for key, _ in sel.select(timeout=0.05):
                 if key.fileobj is listener:
                     conn, _ = listener.accept()
@@ -100,10 +106,10 @@ def serve(path, command, preload):
     finally:
         for pid in children.values():
             _kill(pid)
-        if mpiexec.poll() is None:
+        if mpiexec and mpiexec.poll() is None:
             mpiexec.kill()
         listener.close()
-    return mpiexec.wait()
+    return mpiexec.wait() if mpiexec else 0
 
 
 def _fork_rank(conn, listener, children):
@@ -113,6 +119,8 @@ def _fork_rank(conn, listener, children):
     while len(raw) < size:
         raw += conn.recv(size - len(raw))
     request = json.loads(raw)
+    for name in request["preload"]:          # once, here: every later child has it
+        importlib.import_module(name)
     pid = os.fork()
     if pid:
         for fd in fds:
@@ -137,7 +145,7 @@ def _fork_rank(conn, listener, children):
         os.chdir(request["cwd"])
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)
-        code = _run_rank(request["args"])
+        code = _run_rank(request["args"], request["mpi"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - print it and abort the job
@@ -152,11 +160,17 @@ def _fork_rank(conn, listener, children):
             os._exit(code)
 
 
-def _run_rank(args):
-    from mpi4py import MPI
+def _run_rank(args, mpi):
     from . import rankworker
-    MPI.Init()
     sys.argv = ["exercise_utils.rankworker", *args]
+    if not mpi:
+        try:
+            rankworker.main()
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else 1
+        return 0
+    from mpi4py import MPI
+    MPI.Init()
     try:
         rankworker.main()
     except SystemExit as exc:
@@ -191,10 +205,12 @@ def main():
     parser.add_argument("--socket", help="serve stubs at this Unix socket")
     parser.add_argument("--stub", help="be a rank: hand over to the zygote at this socket")
     parser.add_argument("--preload", action="append", default=[])
+    parser.add_argument("--spawn", action="store_true",
+                        help="with --stub: a rankworker --spawn launch, not an MPI rank")
     opts = parser.parse_args(argv[:cut])
     rest = argv[cut + 1:]
     if opts.stub:
-        stub(opts.stub, rest)
+        stub(opts.stub, rest, opts.preload, mpi=not opts.spawn)
     sys.exit(serve(opts.socket, rest, opts.preload))
 
 

@@ -46,3 +46,12 @@ def probe_parent(student, ctx):
     import os
     import psutil
     return os.getppid(), " ".join(psutil.Process(os.getppid()).cmdline())
+
+
+def probe_lineage(student, ctx):
+    """The pid and command line of this rank's grandparent (the process that forked the
+    launch's spawner)."""
+    import os
+    import psutil
+    grand = psutil.Process(psutil.Process(os.getppid()).ppid())
+    return grand.pid, " ".join(grand.cmdline())

@@ -5,6 +5,7 @@ import time
 import numpy as np
 import pytest
 
+from exercise_utils import harness
 from exercise_utils.harness import assert_close, run_ranks
 
 pytestmark = pytest.mark.usefixtures("env_pythonpath")
@@ -113,6 +114,25 @@ def test_mpi_rank_killed_by_a_signal_fails_the_launch_at_once(tmp_path):
     with pytest.raises(AssertionError, match="failed before reporting a result"):
         run_ranks(path, "harness_probes:probe_value", 2, "mpi", timeout=60)
     assert time.monotonic() - start < 50
+
+
+def test_a_session_forks_every_launch_from_one_zygote(tmp_path):
+    """Inside harness.session() (every check_* runs in one) gloo and lone-process launches
+    are forked from one zygote, which survives a hung launch and is gone after the block."""
+    import psutil
+    path = student(tmp_path, """
+        import time
+        def value(rank):
+            time.sleep(600)
+        """)
+    with harness.session():
+        first = run_ranks(path, "harness_probes:probe_lineage", 2, "gloo", timeout=60)
+        with pytest.raises(AssertionError, match="hung"):
+            run_ranks(path, "harness_probes:probe_value", 2, "gloo", timeout=5)
+        again = run_ranks(path, "harness_probes:probe_lineage", 1, "none", timeout=60)
+    assert {pid for pid, _ in first + again} == {first[0][0]}, (first, again)
+    assert "exercise_utils.zygote --socket" in first[0][1]
+    assert not psutil.pid_exists(first[0][0])
 
 
 def test_syntax_error_is_reported(tmp_path):
