@@ -17,21 +17,43 @@ import math
 import numpy as np
 import torch
 
+from ..contract import fail
 from ..harness import HANG_AFTER, assert_close, run_ranks
 from . import probes
-from .probes import (AVG_GROUP_SPLIT, AVG_GROUPS, AVG_SPLITS, BAD_CASES, BN_CASES, BN_GROUP_CASE,
-                     BN_GROUPS, BN_STEPS, LABEL_CASES, PARTITIONER_CASES, SIZE_CASES, avg_batches,
-                     avg_model, avg_run, bn_data, bn_layer, bn_run, rows)
+from .probes import (AVG_GROUP_SPLIT, AVG_GROUPS, BN_STEPS, LABEL_CASES, PARTITIONER_CASES,
+                     avg_batches, avg_cases, avg_model, avg_run, bn_cases, bn_data, bn_layer,
+                     bn_rows, bn_run, group_rows, rows, size_cases)
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 
 
 # ---------------------------------------------------------------- partitions
+NEAR_ONE = 1e-9      # a sum within this of 1 counts as 1 (the docstring)
+SIZES_RULE = ("floor(f * n) for every fraction f; when the fractions sum to 1 (within 1e-9), "
+              "the samples left over one each to the parts with the largest fractional parts "
+              "f * n - floor(f * n), ties to the lower index; when they sum to less, the rest "
+              "left out")
+SIZES_PROMISE = {
+    "sizes-sum-one": "when the fractions sum to 1, the samples left over (fewer than "
+                     "len(fractions)) are then given one each to the parts with the largest "
+                     "fractional parts f * n - floor(f * n), ties to the lower index, so the "
+                     "sizes add up to n",
+    "sizes-below-one": "list[int]: floor(f * n) for every fraction f; When they sum to less "
+                       "than 1 the rest of the samples is left out",
+    "sizes-near-one": "(a sum within 1e-9 of 1 counts as 1)",
+}
+
+
 def reference_sizes(n, fractions):
-    """The part sizes ``partition_sizes`` must return (see the exercise's docstring)."""
+    """The part sizes ``partition_sizes`` must return (see the exercise's docstring); raises
+    ValueError where it must."""
+    fractions = [float(f) for f in fractions]
+    total = sum(fractions)
+    if any(f < 0 for f in fractions) or total > 1 + NEAR_ONE:
+        raise ValueError(f"bad fractions {fractions}")
     exact = [f * n for f in fractions]
     sizes = [math.floor(e) for e in exact]
-    if abs(sum(fractions) - 1) <= 1e-9:
+    if abs(total - 1) <= NEAR_ONE:
         order = sorted(range(len(sizes)), key=lambda i: (-(exact[i] - sizes[i]), i))
         for i in order[:n - sum(sizes)]:
             sizes[i] += 1
@@ -39,79 +61,155 @@ def reference_sizes(n, fractions):
 
 
 def reference_label_partitions(labels, parts):
-    groups = np.array_split(np.array(sorted(set(labels))), parts)
+    groups = np.array_split(np.array(sorted(set(labels)), dtype=np.int64), parts)
     return [[i for i, v in enumerate(labels) if v in set(g.tolist())] for g in groups]
 
 
 def _fmt(fractions):
-    return "[" + ", ".join(f"{f:.4g}" for f in fractions) + "]"
+    return "[" + ", ".join(f"{f:.12g}" for f in fractions) + "]"
 
 
 def check_partition(path, timeout=TIMEOUT):
     """Check ``partition_sizes``, ``DataPartitioner`` and ``label_partitions`` of ``path``.
 
-    Two processes with different global random states must compute the same partitions.
+    ``partition_sizes`` on 100 cases (sums of 1, below 1 and within or just beyond 1e-9 of 1,
+    n = 0, more parts than samples, zero fractions, bad fractions that must raise ValueError);
+    ``DataPartitioner`` on a dataset that is not a list, in two processes with different global
+    random states that must compute the same partitions and leave those states untouched;
+    ``label_partitions`` on lists and int64 / int32 tensors, with empty parts and negative labels.
     """
     res = run_ranks(path, probes.probe_partition, 2, "none", timeout=timeout,
+                    case="sizes-sum-one",
                     what="partition_sizes / DataPartitioner / label_partitions")
-    sizes, bad, parts, again, labels = res[0]
-    for (n, fr), got in zip(SIZE_CASES, sizes):
-        want = reference_sizes(n, fr)
-        if got != want:
-            raise AssertionError(
-                f"partition_sizes({n}, {_fmt(fr)}) returned {got}; expected {want}: floor(f * n) "
-                f"each, then, when the fractions sum to 1, the samples left over one each to the "
-                f"largest fractional parts (ties to the lower index), so no sample is lost")
-    for (n, fr), raised in zip(BAD_CASES, bad):
-        if raised != "ValueError":
-            raise AssertionError(f"partition_sizes({n}, {_fmt(fr)}) must raise ValueError "
-                                 f"(negative fraction or sum > 1); it {raised or 'returned'}")
-    for (n, fr, seed), a, b in zip(PARTITIONER_CASES, parts, res[1][2]):
-        call = f"DataPartitioner(data of {n}, {_fmt(fr)}, seed={seed})"
-        _check_parts(call, n, fr, a)
+    sizes, parts, again, labels = res[0]
+    cases = size_cases()
+    for (case, n, fr), got in zip(cases, sizes):
+        if case != "sizes-raises":
+            _check_sizes(case, n, fr, got)
+    for (case, n, fr), got in zip(cases, sizes):
+        if case == "sizes-raises" and got.get("raised") != "ValueError":
+            did = f"raised {got['raised']}" if "raised" in got else f"returned {got['value']}"
+            fail(case, f"partition_sizes({n}, {_fmt(fr)}) {did}; it must raise ValueError (the "
+                       f"docstring's Raises: ValueError: a fraction is negative or the fractions "
+                       f"sum to more than 1; a sum up to 1 + 1e-9 counts as 1, anything above "
+                       f"is more than 1)")
+    for (case, n, fr), got in zip(cases, sizes):
+        if case != "sizes-raises" and not got["ints"]:
+            fail("sizes-int", f"partition_sizes({n}, {_fmt(fr)}) returned {got['types']} "
+                              f"values; the docstring's Returns: list[int]: use math.floor "
+                              f"(an int), not f * n // 1 (a float)")
+    _check_partitioner(parts, res[1][1], again)
+    _check_labels(labels)
+
+
+def _check_sizes(case, n, fr, got):
+    call = f"partition_sizes({n}, {_fmt(fr)})"
+    want = reference_sizes(n, fr)
+    if "raised" in got:
+        fail(case, f"{call} raised {got['raised']}: {got['message']}; the fractions are valid "
+                   f"(non-negative, sum {sum(fr):.12g}: at most 1 + 1e-9), so it must return "
+                   f"{want}: {SIZES_RULE}. The docstring: {SIZES_PROMISE[case]}")
+    if got["value"] != want or not got["exact"]:
+        near = (f" The fractions sum to {sum(fr):.12g}: {'within' if abs(sum(fr) - 1) <= NEAR_ONE else 'more than'} "
+                f"1e-9 of 1." if case == "sizes-near-one" else "")
+        fail(case, f"{call} returned {got['value']}; expected {want}: {SIZES_RULE}.{near} The "
+                   f"docstring: {SIZES_PROMISE[case]}")
+
+
+def _check_partitioner(parts, other, again):
+    """DataPartitioner: sizes, disjoint, use(i), shuffled, then across cases and processes."""
+    for (n, fr, seed), got in zip(PARTITIONER_CASES, parts):
+        _check_parts(f"DataPartitioner(data of {n}, {_fmt(fr)}, seed={seed})", n, fr, got)
+    for (n, fr, seed), a, b in zip(PARTITIONER_CASES, parts, other):
         if a["parts"] != b["parts"]:
-            raise AssertionError(f"{call}: rank 0 and rank 1 computed different partitions "
-                                 f"(their global random states differ): the shuffle must depend "
-                                 f"only on seed, through its own generator")
+            fail("parts-same-on-ranks",
+                 f"DataPartitioner(data of {n}, {_fmt(fr)}, seed={seed}): process 0 and process "
+                 f"1 computed different partitions (their global random states differ): the "
+                 f"shuffle uses its own generator, so every rank computes the same partitions "
+                 f"whatever its global seed (the docstring)")
+    for (n, fr, seed), a in zip(PARTITIONER_CASES, parts):
         if not a["rng_kept"]:
-            raise AssertionError(f"{call} changed the global random state (random, numpy or "
-                                 f"torch): shuffle with a private generator, e.g. "
-                                 f"random.Random(seed) or torch.Generator().manual_seed(seed)")
+            fail("parts-rng-kept",
+                 f"DataPartitioner(data of {n}, {_fmt(fr)}, seed={seed}) changed the global "
+                 f"random state (random, numpy or torch): the docstring says it leaves it "
+                 f"untouched; shuffle with a private generator, e.g. random.Random(seed) or "
+                 f"torch.Generator().manual_seed(seed), never random.seed / np.random.seed / "
+                 f"torch.manual_seed")
     if again != parts[0]["parts"]:
-        raise AssertionError("DataPartitioner with the same seed gave different partitions on a "
-                             "second call in the same process")
+        fail("parts-seed", "DataPartitioner with the same seed gave different partitions on a "
+                           "second call in the same process: the shuffle depends on seed only")
     if parts[0]["parts"] == parts[-1]["parts"]:
-        raise AssertionError("DataPartitioner with seeds 1234 and 99 gave the same partitions: "
-                             "the shuffle must use the seed argument")
-    for (lab, k, as_tensor), got in zip(LABEL_CASES, labels):
-        want = reference_label_partitions(lab, k)
-        if got != want:
-            kind = "tensor" if as_tensor else "list"
-            raise AssertionError(
-                f"label_partitions(labels, {k}) with labels {lab} (a {kind}) returned {got}; "
-                f"expected {want}: split the sorted distinct labels {sorted(set(lab))} into {k} "
-                f"contiguous groups, earlier groups one larger; part r holds, in increasing "
-                f"order, the indices of the samples with a label of group r")
+        fail("parts-seed", "DataPartitioner with seeds 1234 and 99 gave the same partitions: "
+                           "seed is the seed of the shuffle (the docstring)")
 
 
 def _check_parts(call, n, fr, got):
-    parts, want = got["parts"], reference_sizes(n, fr)
+    want = reference_sizes(n, fr)
+    if "raised" in got:
+        fail("parts-sizes", f"{call} raised {got['raised']}; data is a dataset (anything with "
+                            f"len, here not a list), and the part sizes are partition_sizes("
+                            f"len(data), sizes) = {want}")
+    parts = got["parts"]
     if [len(p) for p in parts] != want:
-        raise AssertionError(f"{call} made parts of sizes {[len(p) for p in parts]}; expected "
-                             f"partition_sizes({n}, {_fmt(fr)}) = {want}")
+        fail("parts-sizes", f"{call} made parts of sizes {[len(p) for p in parts]}; expected "
+                            f"partition_sizes({n}, {_fmt(fr)}) = {want} (the docstring: the part "
+                            f"sizes are partition_sizes(len(data), sizes))")
     flat = [i for p in parts for i in p]
     if len(set(flat)) != len(flat) or not set(flat) <= set(range(n)):
-        raise AssertionError(f"{call}: the parts must hold distinct indices of range({n})")
-    if n >= 20 and flat == sorted(flat):
-        raise AssertionError(f"{call} is not shuffled: its parts are consecutive index ranges. "
-                             f"Shuffle range(len(data)) with the seeded generator first")
+        fail("parts-disjoint", f"{call}: the parts must hold distinct indices of range({n}) "
+                               f"(the docstring: The parts are disjoint; they cover every index "
+                               f"when the fractions sum to 1): cut ONE shuffled list of indices")
     if not got["right_samples"]:
-        raise AssertionError(f"{call}: use(i)[j] must be data[partitions[i][j]] (return "
-                             f"Partition(data, partitions[i]))")
+        fail("parts-use", f"{call}: use(i)[j] must be data[partitions[i][j]]: use(i) returns "
+                          f"part i as a Partition of data (Partition(data, partitions[i]))")
+    if n >= 20 and flat == sorted(flat):
+        fail("parts-shuffled", f"{call} is not shuffled: its parts are consecutive index ranges "
+                               f"(the docstring: part i holds the next partition_sizes(...)[i] "
+                               f"indices of the shuffled range(len(data))). Shuffle "
+                               f"range(len(data)) with the seeded generator first")
+
+
+def _check_labels(labels):
+    for (case, lab, k, kind), got in zip(LABEL_CASES, labels):
+        want = reference_label_partitions(lab, k)
+        given = "a list" if kind == "list" else f"a 1-D {kind} tensor"
+        call = f"label_partitions(labels, {k}) with labels {lab} ({given})"
+        if isinstance(got, dict):
+            fail(case, f"{call} raised {got['raised']}; labels is a list or a 1-D tensor of ints, "
+                       f"and there may be more parts than labels (empty parts) or no label at all")
+        if len(got) != k or [set(p) for p in got] != [set(p) for p in want]:
+            fail(case, f"{call} returned {got}; expected {want}: split the sorted distinct labels "
+                       f"{sorted(set(lab))} into {k} contiguous groups as equal as possible, "
+                       f"earlier groups one larger (like numpy.array_split; a group, and its "
+                       f"part, may be empty); part r holds the indices of the samples with a "
+                       f"label of group r"
+                       + (". labels may be a tensor: compare its values (labels.tolist()), "
+                          "not its 0-d tensor elements" if kind != "list" else ""))
+    for (case, lab, k, kind), got in zip(LABEL_CASES, labels):
+        want = reference_label_partitions(lab, k)
+        if got != want:
+            fail("labels-order", f"label_partitions(labels, {k}) with labels {lab} returned "
+                                 f"{got}; expected {want}: part r holds, in increasing order, "
+                                 f"the indices of the samples whose label is in group r")
 
 
 # ---------------------------------------------------------------- gradient averaging
-def _avg_diagnosis(got, splits, batches):
+TIGHT = {"float32": (1e-5, 1e-4), "float64": (1e-12, 1e-10)}   # atol, rtol per dtype: float64
+#                                   results must not have passed through float32 on the way
+AVG_PROMISE = {
+    "avg-values": "On return every rank's p.grad holds sum_r (n_r / N) * g_r, with N the total "
+                  "number of samples, itself obtained with an all_reduce",
+    "avg-model": "model: any model: frozen, unused, tied, transposed (non-contiguous) and 0-d "
+                 "parameters (reshape a gradient, do not view it)",
+    "avg-float64": "gradients are float32 or float64: keep their dtype all the way (no float32 "
+                   "buffer)",
+    "avg-group": "average over the ranks of group only",
+    "avg-empty-rank": "num_samples may be 0 on a rank (its gradients are then zeros); that rank "
+                      "still takes part in every all_reduce",
+}
+
+
+def _avg_diagnosis(got, case, splits, batches):
     """Name the classic mistake the step-1 gradients match, if any."""
     sizes, world = np.array(splits[0], dtype=np.float64), len(splits[0])
     local = [avg_run(avg_model(), batches[:1], rows(splits, r))[0] for r in range(world)]
@@ -123,7 +221,7 @@ def _avg_diagnosis(got, splits, batches):
     for text, weights in candidates.items():
         cand = {k: sum(w * g[k] for w, g in zip(weights, local)) for k in local[0]}
         if all(np.allclose(got[k], cand[k], atol=1e-5, rtol=1e-4) for k in cand):
-            return f" Your gradients are {text}"
+            return f" Your gradients are {text}."
     return ""
 
 
@@ -142,58 +240,72 @@ def _why_ranks_differ(grads, first):
 
 
 def check_average_gradients(path, timeout=TIMEOUT):
-    """Check ``average_gradients``: SGD with unequal local batches equals single-process SGD;
-    with 3 ranks also inside process groups (``group=``), each averaging over its own ranks."""
-    for size in (2, 3):
-        splits = AVG_SPLITS[size]
-        batches = avg_batches(splits)
-        ref_grads, ref_state = avg_run(avg_model(), batches)
+    """Check ``average_gradients`` with 3 and 2 ranks (one launch each): SGD with unequal local
+    batches equals single-process SGD on the concatenated batches, on FrozenTiedNet, on EdgeNet
+    (frozen, unused, tied, transposed and 0-d parameters) in float32 and float64, with a rank
+    that holds no sample in a step, and (3 ranks) inside process groups of non-consecutive
+    ranks (``group=``), each averaging over its own ranks."""
+    for size in (3, 2):      # 3 first: every case runs there (a group too)
         out = run_ranks(path, probes.probe_average_gradients, size, "gloo", timeout=timeout,
-                        what="average_gradients")
-        res = [(r["grads"], r["state"]) for r in out]
-        for rank, (grads, _) in enumerate(res):
-            if set(grads) != set(ref_grads):
-                raise AssertionError(f"rank {rank}: after average_gradients the parameters with a "
-                                     f"gradient are {sorted(grads)}; expected {sorted(ref_grads)} "
-                                     f"(leave parameters whose grad is None alone)")
-            for name in grads:
-                if not np.allclose(grads[name], res[0][0][name], atol=1e-6, rtol=1e-5):
-                    raise AssertionError(
-                        f"rank 0 and rank {rank} hold different gradients of {name} after "
-                        f"average_gradients: {_why_ranks_differ(grads, res[0][0])}")
-        hint = _avg_diagnosis(res[0][0], splits, batches)
-        for rank, (grads, state) in enumerate(res):
-            assert_close(grads, ref_grads, f"gradients after average_gradients in step 1 with "
-                         f"local batch sizes {splits[0]} must equal the gradient of the mean loss "
-                         f"over all {sum(splits[0])} samples: sum_r (n_r / N) * g_r.{hint}", rank)
-            assert_close(state, ref_state, f"parameters after {len(splits)} SGD steps with local "
-                         f"batch sizes {splits} must equal single-process SGD on the concatenated "
-                         f"batches", rank)
-        if size in AVG_GROUPS:
-            _check_avg_groups([r["group_grads"] for r in out], size)
+                        case="avg-values", what="average_gradients")
+        for i, (case, kind, dtype, splits, grouped) in enumerate(avg_cases(size)):
+            got = [r[i] for r in out]
+            if grouped:
+                _check_avg_groups(got, size)
+            else:
+                _check_avg_case(case, kind, dtype, splits, got, list(range(size)))
 
 
-def _span(sizes, ranks):
-    """The rows of the concatenated batch that the (consecutive) ``ranks`` hold."""
-    return slice(sum(sizes[:ranks[0]]), sum(sizes[:ranks[-1] + 1]))
+def _check_avg_case(case, kind, dtype, splits, got, ranks, where=None):
+    """The ranks ``ranks`` (their results ``got``) against one process on their rows."""
+    batches = avg_batches(splits, kind, dtype)
+    ref_grads, ref_state = avg_run(avg_model(kind, dtype), batches, group_rows(splits, ranks))
+    sizes = [[s[r] for r in ranks] for s in splits]
+    model = "FrozenTiedNet" if kind == "tied" else "EdgeNet (eval mode)"
+    where = where or f"{len(ranks)} ranks"
+    call = f"average_gradients on a {dtype} {model} with {where} and local batch sizes {sizes}"
+    for rank, r in zip(ranks, got):
+        if set(r["grads"]) != set(ref_grads):
+            fail("avg-no-grad", f"rank {rank}: after {call} the parameters with a gradient are "
+                                f"{sorted(r['grads'])}; expected {sorted(ref_grads)}: Parameters "
+                                f"whose grad is None (frozen or unused) are skipped (the "
+                                f"docstring): leave their .grad None, do not give them one")
+    first = got[0]["grads"]
+    for rank, r in zip(ranks, got):
+        for name in r["grads"]:
+            if not np.allclose(r["grads"][name], first[name], atol=1e-6, rtol=1e-5):
+                why = ("a rank with 0 samples must still call the same all_reduce(s) as the "
+                       "others, with its zero gradients" if case == "avg-empty-rank" else
+                       _why_ranks_differ(r["grads"], first))
+                fail(case, f"rank {ranks[0]} and rank {rank} hold different gradients of {name} "
+                           f"after {call}: {why}. The docstring: {AVG_PROMISE[case]}.")
+    hint = _avg_diagnosis(first, case, splits, batches) if case == "avg-values" else ""
+    atol, rtol = TIGHT[dtype]
+    for rank, r in zip(ranks, got):
+        assert_close(r["grads"], ref_grads, f"gradients after {call}, step 1, must equal the "
+                     f"gradient of the mean loss over all {sum(sizes[0])} samples: sum_r (n_r / "
+                     f"N) * g_r.{hint} The docstring: {AVG_PROMISE[case]}", rank, atol, rtol,
+                     case=case, dtype=True)
+        assert_close(r["state"], ref_state, f"parameters after {len(splits)} SGD steps with "
+                     f"{call} must equal single-process SGD on the concatenated batches. The "
+                     f"docstring: {AVG_PROMISE[case]}", rank, atol, rtol, case=case, dtype=True)
 
 
 def _check_avg_groups(got, size):
-    batches = avg_batches([AVG_GROUP_SPLIT])
+    splits = [AVG_GROUP_SPLIT]
+    batches = avg_batches(splits)
     everyone = avg_run(avg_model(), batches)[0]
     for ranks in AVG_GROUPS[size]:
-        part = _span(AVG_GROUP_SPLIT, ranks)
-        want = avg_run(avg_model(), batches, lambda step: part)[0]
-        call = (f"average_gradients(model, n, group=dist.new_group({ranks})) with local batch "
-                f"sizes {AVG_GROUP_SPLIT} on {size} ranks")
+        where = f"group=dist.new_group({ranks}) of {size} ranks"
         for rank in ranks:
-            if all(k in got[rank] and np.allclose(got[rank][k], everyone[k], atol=1e-6,
-                                                  rtol=1e-5) for k in want):
-                raise AssertionError(
-                    f"rank {rank}: {call} averaged over all {size} ranks; it must average over "
-                    f"the ranks of `group` only ({ranks}): pass group=group to every all_reduce")
-            assert_close(got[rank], want, f"{call} must give the gradient of the mean loss over "
-                         f"the samples of the group's ranks {ranks} only", rank)
+            mine = got[rank]["grads"]
+            if len(ranks) < size and all(k in mine and np.allclose(
+                    mine[k], everyone[k], atol=1e-6, rtol=1e-5) for k in everyone):
+                fail("avg-group", f"rank {rank}: average_gradients(model, n, {where}) averaged "
+                                  f"over all {size} ranks; it must average over the ranks of "
+                                  f"`group` only ({ranks}): pass group=group to every all_reduce")
+        _check_avg_case("avg-group", "tied", "float32", splits, [got[r] for r in ranks], ranks,
+                        where)
 
 
 # ---------------------------------------------------------------- SyncBatchNorm
@@ -201,7 +313,9 @@ def _bn_candidates(case, x):
     """Training outputs of two flawed BatchNorms: local statistics; unweighted means of them."""
     layer, dims = bn_layer(case), [0] + list(range(2, x.dim()))
     view = (1, -1) + (1,) * (x.dim() - 2)
-    chunks = torch.split(x.double(), case["sizes"])
+    chunks = [c for c in torch.split(x.double(), case["sizes"])]
+    if any(len(c) == 0 for c in chunks):
+        return []
     local = [(c.mean(dims), c.var(dims, unbiased=False)) for c in chunks]
     unweighted = [tuple(sum(s) / len(local) for s in zip(*local))] * len(local)
     weight, bias = ((t.detach().double().view(view) for t in (layer.weight, layer.bias))
@@ -217,7 +331,7 @@ BN_FORWARD_FLAWS = (
 BN_HINTS = {
     "output": "normalise with the mean and biased variance of the global batch (all ranks): "
               "all_reduce the count, sum and sum of squares per channel; mean = sum/N, "
-              "var = sumsq/N - mean^2",
+              "var = sumsq/N - mean^2; output (x - mean) / sqrt(var + eps) * weight + bias",
     "input.grad": "the output is right, so the statistics are right, but autograd does not see "
                   "how they depend on the other ranks' inputs: the all_reduce must be "
                   "differentiable: use torch.distributed.nn.functional.all_reduce, not "
@@ -230,84 +344,129 @@ BN_HINTS = {
     "eval output": "eval mode must normalise with the running statistics (without running "
                    "statistics, track_running_stats=False: with the global batch's, as in "
                    "training)"}
-
-
-def _bn_close(name, got, want, where, rank=None, hint=""):
-    assert_close({name: got}, {name: want}, f"{where}: {BN_HINTS.get(name, '')}{hint}", rank,
-                 1e-4, 1e-3)
+# What each case holds the layer to (the notebook's words), for the messages.
+BN_PROMISE = {
+    "bn-spatial": "inputs (N, C) or (N, C, ...): mean and biased variance per channel over all "
+                  "ranks' samples (and positions)",
+    "bn-momentum": "momentum: as in nn.BatchNorm1d (momentum=None: cumulative average, factor "
+                   "1 / num_batches_tracked)",
+    "bn-float64": "float32 or float64: the output, gradients and running statistics keep the "
+                  "input's dtype (no float32 statistics for float64 inputs)",
+    "bn-empty-rank": "Local batch sizes may differ (a rank's batch may even be empty)",
+    "bn-eps": "output (x - mean) / sqrt(var + eps) * weight + bias: eps inside the square root "
+              "(a channel whose variance is about eps shows it)",
+    "bn-no-stats": "affine=False has no weight or bias; without running statistics "
+                   "(track_running_stats=False) eval mode normalises with the global batch's "
+                   "statistics, as in training",
+    "bn-group": "the statistics span the batches of its ranks only",
+}
+BN_TOL = {"float32": (1e-4, 1e-3), "float64": (1e-10, 1e-8)}
 
 
 def _bn_where(case, ranks):
-    kind = f"DistributedBatchNorm{2 if case['spatial'] else 1}d"
+    kind = f"DistributedBatchNorm{2 if len(case['spatial']) == 2 else 1}d"
+    shape = ("(N, C)", "(N, C, L)", "(N, C, H, W)")[len(case["spatial"])]
     extra = "" if case.get("affine", True) else ", affine=False, track_running_stats=False"
-    return (f"{kind}, {ranks}, local batch sizes {case['sizes']}, momentum={case['momentum']}"
-            f"{extra}")
+    near = ", channel 0 nearly constant (variance about eps)" if case.get("near_constant") else ""
+    return (f"{kind} on {case['dtype']} inputs {shape}, {ranks}, local batch sizes "
+            f"{case['sizes']}, momentum={case['momentum']}{extra}{near}")
 
 
-def _check_bn_case(case, steps, x_eval, res, ranks, where):
-    """Compare the ranks ``ranks`` (results ``res``, local batches ``case['sizes']`` of the
-    inputs ``steps``) with one ``nn.BatchNorm`` on their concatenated batches."""
-    ref, sizes = bn_run(bn_layer(case), steps, x_eval), case["sizes"]
+def _bn_close(aspect, name, got, want, where, case, rank=None, hint=""):
+    promise = f" The notebook: {BN_PROMISE[case['case']]}." if case["case"] in BN_PROMISE else ""
+    atol, rtol = BN_TOL[case["dtype"]]
+    assert_close({name: got}, {name: want}, f"{where}: {BN_HINTS.get(name, '')}{hint}{promise}",
+                 rank, atol, rtol, case=aspect(case["case"]), dtype=True)
+
+
+def _aspects(case):
+    """On the baseline each aspect is its own case; on any other input all are charged to it."""
+    own = {"output": "bn-output", "backward": "bn-backward", "running": "bn-running",
+           "eval": "bn-eval"}
+    if case["case"] == "bn-output":
+        return lambda kind: (lambda _: own[kind])
+    return lambda kind: (lambda name: name)
+
+
+def _check_bn_case(case, steps, x_eval, res, ranks, where, rows):
+    """Compare the ranks ``ranks`` (results ``res``; their rows ``rows`` of the inputs
+    ``steps``) with one ``nn.BatchNorm`` on those rows."""
+    ref = bn_run(bn_layer(case), steps, x_eval, rows)
+    sizes = [case["sizes"][r] for r in ranks]
     split = lambda a: np.split(a, np.cumsum(sizes)[:-1])
+    aspect = _aspects(case)
     if not all(r["is_student_class"] for r in res):
-        raise AssertionError(f"convert_batchnorm must replace nn.BatchNorm layers by "
-                             f"DistributedBatchNorm layers ({where})")
+        fail(aspect("output")(case["case"]),
+             f"convert_batchnorm must replace nn.BatchNorm layers by DistributedBatchNorm "
+             f"layers ({where})")
     for step, (x, _) in enumerate(steps):
         at = f"step {step + 1}, {where}"
         got = [r["y"][step] for r in res]
         match = lambda cand: all(np.allclose(g, c, atol=1e-4, rtol=1e-3) for g, c in zip(got, cand))
         hint = next((f". Your output is {text}" for text, cand in
-                     zip(BN_FORWARD_FLAWS, _bn_candidates(case, x)) if match(cand)), "")
+                     zip(BN_FORWARD_FLAWS, _bn_candidates(dict(case, sizes=sizes), x[rows]))
+                     if match(cand)), "")
         for rank, r, y in zip(ranks, res, split(ref["y"][step])):
-            _bn_close("output", r["y"][step], y, f"training output, {at}", rank, hint)
+            _bn_close(aspect("output"), "output", r["y"][step], y, f"training output, {at}",
+                      case, rank, hint)
         for rank, r, dx in zip(ranks, res, split(ref["dx"][step])):
-            _bn_close("input.grad", r["dx"][step], dx, f"gradient w.r.t. the input, {at}", rank)
+            _bn_close(aspect("backward"), "input.grad", r["dx"][step], dx,
+                      f"gradient w.r.t. the input, {at}", case, rank)
         for name in ("dweight", "dbias") if ref["dweight"] else ():
-            _bn_close(f"{name[1:]}.grad", sum(r[name][step] for r in res), ref[name][step],
-                      f"gradient w.r.t. {name[1:]} summed over the ranks, {at}")
+            _bn_close(aspect("backward"), f"{name[1:]}.grad", sum(r[name][step] for r in res),
+                      ref[name][step], f"gradient w.r.t. {name[1:]} summed over the ranks, {at}",
+                      case)
     for rank, r, want in zip(ranks, res, split(ref["eval"])):
         if case.get("track", True):
             tracked = int(r["buffers"].get("num_batches_tracked", -1))
             if tracked != BN_STEPS:
-                raise AssertionError(f"rank {rank}: num_batches_tracked is {tracked} after "
-                                     f"{BN_STEPS} training steps; expected {BN_STEPS} ({where})")
+                fail(aspect("running")(case["case"]),
+                     f"rank {rank}: num_batches_tracked is {tracked} after {BN_STEPS} training "
+                     f"steps; expected {BN_STEPS}: When tracking, num_batches_tracked += 1 "
+                     f"({where})")
             for name in ("running_mean", "running_var"):
-                _bn_close(name, r["buffers"][name], ref["buffers"][name],
-                          f"{name} after {BN_STEPS} steps, {where}", rank)
-        _bn_close("eval output", r["eval"], want, f"eval-mode output, {where}", rank)
+                _bn_close(aspect("running"), name, r["buffers"][name], ref["buffers"][name],
+                          f"{name} after {BN_STEPS} steps, {where}", case, rank)
+        _bn_close(aspect("eval"), "eval output", r["eval"], want, f"eval-mode output, {where}",
+                  case, rank)
 
 
-def _check_bn_groups(size, res):
-    """The group case: each process group of ``BN_GROUPS[size]`` normalises over its own ranks."""
-    case, (steps, x_eval) = BN_GROUP_CASE, bn_data(BN_GROUP_CASE)
+def _check_bn_groups(case, res, size):
+    """The group case: each process group normalises over its own ranks only."""
+    steps, x_eval = bn_data(case)
     everyone = bn_run(bn_layer(case), steps, x_eval)["y"][0]
-    for ranks in BN_GROUPS[size]:
-        part = _span(case["sizes"], ranks)
-        sub = dict(case, sizes=[case["sizes"][r] for r in ranks])
-        where = _bn_where(sub, f"group=dist.new_group({ranks}) of {size} ranks")
-        mine = everyone[part]
-        for rank, y in zip(ranks, np.split(mine, np.cumsum(sub["sizes"])[:-1])):
+    for ranks in case["group"]:
+        rows = bn_rows(case["sizes"], ranks)
+        where = _bn_where(case, f"group=dist.new_group({ranks}) of {size} ranks")
+        mine = everyone[rows.numpy()]
+        sizes = [case["sizes"][r] for r in ranks]
+        for rank, y in zip(ranks, np.split(mine, np.cumsum(sizes)[:-1])):
             if len(ranks) < size and np.allclose(res[rank]["y"][0], y, atol=1e-4, rtol=1e-3):
-                raise AssertionError(
-                    f"rank {rank}: {where}: the training output is normalised with the "
-                    f"statistics of all {size} ranks; with a group they must span the batches "
-                    f"of the group's ranks {ranks} only: pass group=self.group to the all_reduce "
-                    f"(convert_batchnorm hands the group to every layer)")
-        _check_bn_case(sub, [(x[part], w[part]) for x, w in steps], x_eval[part],
-                       [res[r] for r in ranks], ranks, where)
+                fail("bn-group",
+                     f"rank {rank}: {where}: the training output is normalised with the "
+                     f"statistics of all {size} ranks; with a group they must span the batches "
+                     f"of the group's ranks {ranks} only: pass group=self.group to the all_reduce "
+                     f"(convert_batchnorm hands the group to every layer)")
+        _check_bn_case(case, steps, x_eval, [res[r] for r in ranks], ranks, where, rows)
 
 
 def check_sync_batchnorm(path, timeout=TIMEOUT):
     """Check ``DistributedBatchNorm`` (via ``convert_batchnorm``) against ``nn.BatchNorm``
     on the concatenated batch: outputs, input and parameter gradients, running statistics,
-    eval mode; BatchNorm1d and 2d, unequal local batch sizes, 2 and 3 ranks, a layer without
-    affine parameters or running statistics, and (3 ranks) process groups."""
-    for size in (2, 3):
+    eval mode; with 3 and 2 ranks (one launch each) a baseline, then one dimension changed at
+    a time (:func:`.probes.bn_cases`): (N, C, L) and (N, C, H, W) inputs, momentum None and
+    0.3, float64, an empty local batch, a channel whose variance is about eps, a layer without
+    affine parameters or running statistics, and (3 ranks) process groups of non-consecutive
+    ranks."""
+    for size in (3, 2):      # 3 first: every case runs there (a group too)
         res = run_ranks(path, probes.probe_sync_batchnorm, size, "gloo", timeout=timeout,
-                        what="DistributedBatchNorm")
-        for i, case in enumerate(BN_CASES[size]):
+                        case="bn-output", what="DistributedBatchNorm")
+        for i, case in enumerate(bn_cases(size)):
+            got = [r[i] for r in res]
+            if case.get("group"):
+                _check_bn_groups(case, got, size)
+                continue
             steps, x_eval = bn_data(case)
-            _check_bn_case(case, steps, x_eval, [r[i] for r in res], list(range(size)),
-                           _bn_where(case, f"{size} ranks"))
-        if size in BN_GROUPS:
-            _check_bn_groups(size, [r[len(BN_CASES[size])] for r in res])
+            ranks = list(range(size))
+            _check_bn_case(case, steps, x_eval, got, ranks, _bn_where(case, f"{size} ranks"),
+                           bn_rows(case["sizes"], ranks))

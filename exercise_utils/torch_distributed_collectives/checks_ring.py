@@ -1,15 +1,23 @@
 """Checker of notebook 03's ring all-reduce exercise (``work/03_ring_allreduce.py``).
 
-:func:`check_ring_allreduce` runs the student's ``ring_all_reduce`` in fresh gloo
-processes (world sizes 2, 3 and 4, one launch each) on many tensors: lengths that do
-not divide by the world size, lengths below it, 2-D and 3-D shapes, float and integer
-dtypes, different contents on every rank. It checks the numbers (exact for integers),
-that the tensor is reduced in place and returned, and the structure of a ring: while
-the student's code runs, the probe (:func:`.probes_ring.probe_ring`) records every
-``torch.distributed`` call, so each rank must send ``2 * (world_size - 1)`` messages of at
-most ``ceil(numel / world_size)`` elements, only to its right neighbour (receiving only from
-its left one), and call no collective. With 4 ranks the ring also runs inside process groups
-(``group=``) whose sums must cover their own ranks only.
+:func:`check_ring_allreduce` runs the student's ``ring_all_reduce`` in fresh gloo processes
+(world sizes 3, 2 and 4, one launch each) on many tensors (:func:`.probes_ring.ring_cases`): a
+baseline, then one dimension changed at a time: lengths that do not divide by the world size,
+2-D and 3-D shapes, float64, int64 and int32 values beyond what float64 and float32 hold,
+tensors smaller than the world (one element, none at all: shape (0, 3)). It checks the numbers
+(exact for integers), that the tensor is reduced in place and returned, and the structure of a
+ring: while the student's code runs, the probe (:func:`.probes_ring.probe_ring`) records every
+``torch.distributed`` call, so each rank must send ``2 * (world_size - 1)`` messages of at most
+``ceil(numel / world_size)`` elements, only to its right neighbour (receiving only from its
+left one), and call no collective. With 4 ranks the ring also runs inside process groups of
+non-consecutive ranks (``group=``: ranks 0, 2 and 3 beside rank 1 alone) whose sums must cover
+their own ranks only.
+
+Every failure is a :class:`~exercise_utils.contract.CheckFailure` naming the case of the
+contract (:mod:`.requirements`): on the baseline each aspect has its own case (``ring-sum``,
+``ring-in-place``, ``ring-p2p-only``, ``ring-messages``, ``ring-neighbours``); on any other
+input, whatever fails is charged to that input's case (``ring-uneven``, ``ring-float64``, ...);
+a hang is ``ring-deadlock``.
 
 Used in 03_torch_distributed_collectives.
 """
@@ -17,14 +25,15 @@ import math
 
 import numpy as np
 
+from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, run_ranks
 from ..integrity import VIOLATION
 from . import probes_ring
-from .probes_ring import (GROUP_CASE0, GROUP_CASES, GROUPS, P2P, SENDS, group_of,
-                          ring_cases, ring_input)
+from .probes_ring import (GROUP_CASE0, GROUP_CASES, GROUPS, P2P, SENDS, group_of, ring_cases,
+                          ring_sum)
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
-WORLD_SIZES = (2, 3, 4)     # one launch each
+WORLD_SIZES = (3, 2, 4)     # one launch each; 3 first (the neighbours differ), 4 with groups
 HUNG_HINT = ("With gloo, a send starts only once the peer has posted the matching receive: if "
              "every rank sends first with dist.send and receives afterwards, all of them wait "
              "forever. Post the receive with r = dist.irecv(...), then the send with "
@@ -33,19 +42,35 @@ HUNG_HINT = ("With gloo, a send starts only once the peer has posted the matchin
 RING_HINT = ("a ring all-reduce is a reduce-scatter (world_size - 1 steps, each adding one "
              "received chunk) then an all-gather (world_size - 1 steps, each passing on one "
              "complete chunk), on the chunks torch.tensor_split(tensor.view(-1), world_size)")
+BASELINE = "ring-sum"
+# What each input case holds the ring to (the docstring's words), for the messages.
+PROMISES = {
+    "ring-sum": "Returns: ``tensor`` itself, holding the element-wise sum of every rank's input",
+    "ring-uneven": "lengths need not divide evenly: torch.tensor_split gives the first "
+                   "numel % world_size chunks one more element",
+    "ring-shape": "any shape: work on the flattened view tensor.view(-1)",
+    "ring-float64": "any dtype gloo can send: a float64 tensor is summed in float64",
+    "ring-integer": "Integer tensors are summed exactly, in their own dtype: never through a "
+                    "float buffer (float64 holds every integer only up to 2**53, float32 up to "
+                    "2**24)",
+    "ring-small": "lengths need not divide evenly; some chunks may be empty (a tensor smaller "
+                  "than the world, or with no element at all)",
+    "ring-group": "Sum over the ranks of ``group`` only; send/recv take global ranks: translate "
+                  "the group rank r with dist.get_global_rank(group, r)",
+}
 
 
 def check_ring_allreduce(path, timeout=TIMEOUT):
     """Check ``ring_all_reduce`` of ``path``: sums, in place, chunked ring messages only.
 
-    With 4 ranks it also runs the ring inside process groups (``group=``): rank 0 alone, and
-    ranks 1-3, whose sums must cover their own group only (:data:`.probes_ring.GROUPS`).
+    With 4 ranks it also runs the ring inside process groups of non-consecutive ranks
+    (``group=``), whose sums must cover their own group only (:data:`.probes_ring.GROUPS`).
 
     Args:
         path: the student file (``work/03_ring_allreduce.py``).
         timeout: seconds per launch before the ranks are declared hung.
     Raises:
-        AssertionError: with what to change, naming the rank, the case and the numbers.
+        CheckFailure: with what to change, naming the rank, the case and the numbers.
     """
     for size in WORLD_SIZES:
         cases = ring_cases(size)
@@ -53,30 +78,30 @@ def check_ring_allreduce(path, timeout=TIMEOUT):
         try:
             res = run_ranks(path, probes_ring.probe_ring, size, "gloo",
                             {"cases": cases, "group_cases": group_cases}, timeout,
-                            what=f"ring_all_reduce with {size} ranks")
-        except AssertionError as err:
+                            what=f"ring_all_reduce with {size} ranks", case=BASELINE)
+        except CheckFailure as err:
             if not any(text in str(err) for text in ("hung", "Timed out", "timeout")):
                 raise
-            raise AssertionError(f"{err}\n{HUNG_HINT}") from None
-        for i, (shape, dtype) in enumerate(cases):
-            expected = sum(ring_input(shape, dtype, r, i).double() for r in range(size)).numpy()
+            fail("ring-deadlock", f"{err}\n{HUNG_HINT}")
+        for i, (case, shape, dtype) in enumerate(cases):
+            expected = ring_sum(shape, dtype, range(size), i)
             for rank, got in enumerate(res):
-                _check_values(got[i], expected, rank, list(range(size)), shape, dtype)
-        for i, (shape, _) in enumerate(cases):
+                _check_case(case, got[i], expected, rank, list(range(size)), shape, dtype)
+        for j, (case, shape, dtype) in enumerate(group_cases):
             for rank, got in enumerate(res):
-                _check_structure(got[i]["calls"], rank, list(range(size)), math.prod(shape))
-        for j, (shape, dtype) in enumerate(group_cases):
-            for rank, got in enumerate(res):
-                _check_group_case(got[len(cases) + j], rank, size, shape, dtype,
-                                  GROUP_CASE0 + j)
+                ring = group_of(rank, size)
+                expected = ring_sum(shape, dtype, ring, GROUP_CASE0 + j)
+                _check_case(case, got[len(cases) + j], expected, rank, ring, shape, dtype, size)
 
 
-def _check_group_case(got, rank, size, shape, dtype, case):
-    ring = group_of(rank, size)
-    _check_hidden(got["calls"], rank)
-    expected = sum(ring_input(shape, dtype, r, case).double() for r in ring).numpy()
-    _check_values(got, expected, rank, ring, shape, dtype, size)
-    _check_structure(got["calls"], rank, ring, math.prod(shape))
+def _check_case(case, got, expected, rank, ring, shape, dtype, world=None):
+    """One input on one rank: in place, the numbers, then the ring's structure. On the
+    baseline each aspect is its own case; on any other input all are charged to ``case``."""
+    numel = math.prod(shape)
+    _check_in_place(case if case != BASELINE else "ring-in-place", got, expected, rank, ring,
+                    shape, dtype, world)
+    _check_values(case, got, expected, rank, ring, shape, dtype, world)
+    _check_structure(got["calls"], rank, ring, numel, case)
 
 
 def _where(ring, size=None):
@@ -91,40 +116,59 @@ def _neighbours(rank, ring):
     return ring[(pos + 1) % n], ring[(pos - 1) % n]
 
 
-def _check_values(got, expected, rank, ring, shape, dtype, world=None):
-    size = len(ring)
-    case = f"a tensor of shape {tuple(shape)}, dtype {dtype}, {_where(ring, world)}"
-    over = "all ranks" if world is None else f"the ranks of its group {ring}"
-    value = got["value"].astype(np.float64)
+def _describe(shape, dtype, ring, world):
+    return f"a tensor of shape {tuple(shape)}, dtype {dtype}, {_where(ring, world)}"
+
+
+def _wrong(got, expected, dtype):
+    """The mask of wrong elements: exact for integers, float32 / float64 tolerances else."""
     if dtype.startswith("int"):
-        bad = value != expected
-    else:
-        tol = 1e-4 if dtype == "float32" else 1e-10
-        bad = ~np.isclose(value, expected, rtol=tol, atol=tol)
-    if not got["same"]:
-        state = "holds the right sum" if not bad.any() else "does not hold the sum"
-        raise AssertionError(
-            f"rank {rank}: ring_all_reduce on {case} returned {got['returned']} and the "
-            f"input tensor {state}: reduce into `tensor` itself, in place (the chunks of "
-            f"tensor.view(-1) are views of it; recv and add_ write into them), and return it.")
+        return got["value"].astype(np.int64) != expected
+    tol = 1e-4 if dtype == "float32" else 1e-10     # float64 must not pass through float32
+    return ~np.isclose(got["value"].astype(np.float64), expected, rtol=tol, atol=tol)
+
+
+def _promise(case):
+    return f" The docstring: {PROMISES[case]}." if case in PROMISES else ""
+
+
+def _check_in_place(case, got, expected, rank, ring, shape, dtype, world=None):
+    if got["same"]:
+        return
+    state = "does not hold the sum" if _wrong(got, expected, dtype).any() else "holds the sum"
+    fail(case, f"rank {rank}: ring_all_reduce on {_describe(shape, dtype, ring, world)} "
+               f"returned {got['returned']} and the input tensor {state}: reduce into `tensor` "
+               f"itself, in place (the chunks of tensor.view(-1) are views of it; recv and add_ "
+               f"write into them), and return it (the docstring: Sum ``tensor`` over all ranks, "
+               f"in place; Returns: ``tensor`` itself).")
+
+
+def _check_values(case, got, expected, rank, ring, shape, dtype, world=None):
+    size = len(ring)
+    over = "all ranks" if world is None else f"the ranks of its group {ring}"
+    bad = _wrong(got, expected, dtype)
     if not bad.any():
         return
+    value = got["value"]
     numel, flat = value.size, np.flatnonzero(bad)
     i = int(flat[0])
-    msg = (f"rank {rank}: ring_all_reduce on {case} is wrong at {flat.size} of {numel} "
-           f"elements (first at flat index {i}: got {value.flat[i]:g}, expected the sum over "
-           f"{over} {expected.flat[i]:g}).")
+    msg = (f"rank {rank}: ring_all_reduce on {_describe(shape, dtype, ring, world)} is wrong at "
+           f"{flat.size} of {numel} elements (first at flat index {i}: got {value.flat[i]!r}, "
+           f"expected the sum over {over} {expected.flat[i]!r}).")
     tail = numel - numel % size
     if numel % size and flat.min() >= tail:
         msg += (f" Only the last numel % world_size = {numel % size} elements are wrong: chunks "
                 f"of numel // world_size elements leave the tail out. Split with "
                 f"torch.tensor_split(tensor.view(-1), world_size), which handles any length.")
+    if dtype.startswith("int") and np.abs(expected).max() > 2 ** 24:
+        msg += (" The values are integers beyond 2**24 (int32) or 2**53 (int64): a float "
+                "buffer rounds them; add the chunks in the tensor's own dtype.")
     sends = sum(1 for name, _, _ in got["calls"] if name in SENDS)
     if sends != 2 * (size - 1) and numel >= size:
         msg += (f" Rank {rank} sent {sends} message{'s' * (sends != 1)}; a ring all-reduce sends "
                 f"2 * (world_size - 1) = {2 * (size - 1)}: {RING_HINT}.")
     msg += _peer_hint(got["calls"], rank, ring)
-    raise AssertionError(msg)
+    fail(case, msg + _promise(case))
 
 
 def _peer_hint(calls, rank, ring):
@@ -141,37 +185,39 @@ def _peer_hint(calls, rank, ring):
             f"(global rank {left}).")
 
 
-def _check_hidden(calls, rank):
+def _check_hidden(calls, rank, case):
     used = sorted({name for name, _, _ in calls if name not in P2P})
     hidden = [name for name in used if "." in name]
     if hidden:
-        raise AssertionError(
-            f"{VIOLATION}: rank {rank} reached {', '.join(hidden)} inside ring_all_reduce, "
-            f"below torch.distributed's functions where the check records communication. "
-            f"Build the ring only from dist.send / dist.recv (or isend / irecv), as {RING_HINT}.")
+        fail(case, f"{VIOLATION}: rank {rank} reached {', '.join(hidden)} inside "
+                   f"ring_all_reduce, below torch.distributed's functions where the check "
+                   f"records communication. Build the ring only from dist.send / dist.recv (or "
+                   f"isend / irecv), as {RING_HINT}.")
     if used:
-        raise AssertionError(
-            f"rank {rank} called dist.{', dist.'.join(used)} inside ring_all_reduce: build it "
-            f"only from dist.send / dist.recv (or isend / irecv), as {RING_HINT}.")
+        fail(case, f"rank {rank} called dist.{', dist.'.join(used)} inside ring_all_reduce: "
+                   f"only dist.send/dist.recv/dist.isend/dist.irecv may communicate (the "
+                   f"docstring), as {RING_HINT}.")
 
 
-def _check_structure(calls, rank, ring, numel):
-    _check_hidden(calls, rank)
+def _check_structure(calls, rank, ring, numel, case):
+    """The ring's messages; on the baseline each aspect is its own case."""
+    aspect = (lambda name: name) if case == BASELINE else (lambda name: case)
+    _check_hidden(calls, rank, aspect("ring-p2p-only"))
     size = len(ring)
     where = f"on {size} ranks" if ring == list(range(size)) else f"in its group {ring}"
     sends = [(n, peer) for name, n, peer in calls if name in SENDS]
     limit = -(-numel // size)
     big = max((n for n, _ in sends), default=0)
     if big > limit:
-        raise AssertionError(
-            f"rank {rank} sent a message of {big} elements for a tensor of {numel} elements "
-            f"{where}: a ring sends chunks of about numel/world_size = {limit} elements; "
-            f"see reduce-scatter then all-gather: {RING_HINT}.")
+        fail(aspect("ring-messages"),
+             f"rank {rank} sent a message of {big} elements for a tensor of {numel} elements "
+             f"{where}: each rank sends 2 * (world_size - 1) messages of about numel / "
+             f"world_size = {limit} elements (the docstring); {RING_HINT}.")
     if len(sends) != 2 * (size - 1) and (numel >= size or len(sends) > 2 * (size - 1)):
-        raise AssertionError(
-            f"rank {rank} sent {len(sends)} message{'s' * (len(sends) != 1)} for a tensor of "
-            f"{numel} elements {where}; a ring all-reduce sends exactly "
-            f"2 * (world_size - 1) = {2 * (size - 1)} messages: {RING_HINT}.")
+        fail(aspect("ring-messages"),
+             f"rank {rank} sent {len(sends)} message{'s' * (len(sends) != 1)} for a tensor of "
+             f"{numel} elements {where}; each rank sends exactly 2 * (world_size - 1) = "
+             f"{2 * (size - 1)} messages (the docstring): {RING_HINT}.")
     hint = _peer_hint(calls, rank, ring)
     if hint:
-        raise AssertionError(f"rank {rank}, a tensor of {numel} elements {where}:{hint}")
+        fail(aspect("ring-neighbours"), f"rank {rank}, a tensor of {numel} elements {where}:{hint}")

@@ -9,6 +9,7 @@ the student's code on fixed inputs and returns what came out. The verdicts are i
 Used in 03_torch_distributed_collectives.
 """
 import gc
+import numbers
 import random
 
 import numpy as np
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..harness import state_arrays
-from ..models import FrozenTiedNet
+from ..models import EdgeNet, FrozenTiedNet
 
 
 def _seed_everything(seed):
@@ -27,80 +28,201 @@ def _seed_everything(seed):
     torch.manual_seed(seed)
 
 
-def _try(fn, *args):
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # reported per case, not as a crash
-        return {"raised": f"{type(exc).__name__}: {exc}"}
-
-
-# ---------------------------------------------------------------- partitions
 # ---------------------------------------------------------------- partitions
 THIRD = 1 / 3
-SIZE_CASES = [(10, [0.5, 0.5]), (11, [0.5, 0.5]), (10, [0.7, 0.3]), (7, [0.7, 0.3]),
-              (7, [0.2, 0.3, 0.5]), (10, [THIRD] * 3), (11, [THIRD] * 3), (2, [THIRD] * 3),
-              (1, [0.5, 0.5]), (0, [0.5, 0.5]), (3, [0.25] * 4), (9, [0.1, 0.6, 0.3]),
-              (100, [0.1] * 10), (10, [0.25, 0.25]), (9, [0.5, 0.25]), (13, [1.0]),
-              (13, [0.0, 1.0]), (50, [0.2, 0.3]), (7, [0.1] * 10)]   # sum 0.9999999999999999
-BAD_CASES = [(10, [0.7, 0.4]), (10, [-0.5, 0.5, 1.0]), (10, [0.6, 0.6, -0.2])]
+
+
+def size_cases():
+    """``(case, n, fractions)`` for ``partition_sizes``, baseline first, then one rule at a time:
+
+    * ``sizes-sum-one``: fractions summing to 1 (samples left over, ties, n = 0, more parts
+      than samples, a zero fraction, a single fraction), then random ones;
+    * ``sizes-below-one``: sums below 1 (the rest left out), then random ones;
+    * ``sizes-near-one``: sums within 1e-9 of 1 (they count as 1, even just above 1) and
+      2e-9 away (they do not: below, the rest is left out);
+    * ``sizes-raises``: a negative fraction (also a tiny one), sums above 1 + 1e-9 (also
+      1 + 2e-9): ValueError.
+    """
+    rng = random.Random(24)
+    one = [(10, [0.5, 0.5]), (11, [0.5, 0.5]), (10, [0.7, 0.3]), (7, [0.7, 0.3]),
+           (7, [0.2, 0.3, 0.5]), (10, [THIRD] * 3), (11, [THIRD] * 3), (2, [THIRD] * 3),
+           (1, [0.5, 0.5]), (0, [0.5, 0.5]), (3, [0.25] * 4), (9, [0.1, 0.6, 0.3]),
+           (100, [0.1, 0.2, 0.3, 0.4]), (13, [1.0]), (13, [0.0, 1.0]), (5, [0.2, 0.0, 0.8]),
+           (6, [0.45, 0.1, 0.45]), (1, [0.25] * 4)]
+    near = []
+    for _ in range(40):      # a float sum of exactly 1.0 is a sum-one case, else a near-one one
+        weights = [rng.randint(0, 9) for _ in range(rng.randint(1, 6))]
+        weights[rng.randrange(len(weights))] += 1
+        fractions = [w / sum(weights) for w in weights]
+        (one if sum(fractions) == 1 else near).append(
+            (rng.choice([0, 1, 2, 5, rng.randint(0, 50), rng.randint(0, 10 ** 6)]), fractions))
+    below = [(10, [0.25, 0.25]), (9, [0.5, 0.25]), (50, [0.2, 0.3]), (0, [0.3]),
+             (7, [0.6, 0.3]), (3, [0.0, 0.5])]
+    for _ in range(20):
+        k = rng.randint(1, 5)
+        scale = rng.uniform(0.3, 0.99)
+        weights = [rng.uniform(0, 1) for _ in range(k)]
+        below.append((rng.randint(0, 1000), [w * scale / sum(weights) for w in weights]))
+    near = [(7, [0.1] * 10), (10, [0.5, 0.5 - 5e-10]), (1000, [0.5, 0.5 - 5e-10]),
+            (3, [0.5 + 5e-10, 0.5]), (11, [THIRD, THIRD, THIRD + 5e-10]),
+            (10, [0.5, 0.5 - 2e-9]), (1000, [0.5, 0.5 - 2e-9]),
+            (3, [THIRD, THIRD - 2e-9, THIRD])] + near
+    bad = [(10, [0.7, 0.4]), (10, [-0.5, 0.5, 1.0]), (10, [0.6, 0.6, -0.2]), (10, [-1e-12, 1.0]),
+           (10, [0.5, 0.5 + 2e-9]), (0, [1.5]), (1000, [THIRD, THIRD, THIRD + 2e-9])]
+    return ([("sizes-sum-one", n, f) for n, f in one] +
+            [("sizes-below-one", n, f) for n, f in below] +
+            [("sizes-near-one", n, f) for n, f in near] +
+            [("sizes-raises", n, f) for n, f in bad])
+
+
+# DataPartitioner cases: (n, fractions, seed); the last one differs from the first only in
+# its seed.
 PARTITIONER_CASES = [(60, [0.5, 0.5], 1234), (61, [0.7, 0.3], 1234), (60, [0.7, 0.3], 7),
                      (50, [0.2, 0.3, 0.5], 1234), (40, [0.25, 0.25], 3), (2, [THIRD] * 3, 5),
-                     (0, [0.5, 0.5], 1234), (60, [0.5, 0.5], 99)]
+                     (0, [0.5, 0.5], 1234), (37, [0.1] * 10, 11), (60, [0.5, 0.5], 99)]
 _perm = np.random.default_rng(3).permutation(30)
-LABEL_CASES = [((np.arange(30) % 10)[_perm].tolist(), 2, True),
-               ((np.arange(30) % 10)[_perm].tolist(), 3, False),
-               ([9, 2, 5, 2, 7, 1, 9, 5, 1, 7, 7], 2, True),
-               ([3, 0, 1, 2, 1], 3, False), ([4, 8, 4, 8], 3, False)]
+# label_partitions cases: (case, labels, parts, kind) with kind "list", "int64" or "int32"
+# (a 1-D tensor of that dtype): more parts than labels (empty parts), negative labels, none.
+LABEL_CASES = [("labels-groups", (np.arange(30) % 10)[_perm].tolist(), 3, "list"),
+               ("labels-groups", [9, 2, 5, 2, 7, 1, 9, 5, 1, 7, 7], 2, "list"),
+               ("labels-groups", [3, 0, 1, 2, 1], 3, "list"),
+               ("labels-groups", [4, 8, 4, 8], 3, "list"),
+               ("labels-groups", [-3, 5, 0, -3, 2, 5], 2, "list"),
+               ("labels-groups", [], 2, "list"),
+               ("labels-tensor", (np.arange(30) % 10)[_perm].tolist(), 2, "int64"),
+               ("labels-tensor", [9, 2, 5, 2, 7, 1, 9, 5, 1, 7, 7], 3, "int64"),
+               ("labels-tensor", [6, 1, 6, 3, 1], 2, "int32")]
+
+
+class Samples:
+    """A dataset with ``len`` and indexing only (not a list): sample ``i`` is ``1000 + i``."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return 1000 + i
 
 
 def _rng_states():
-    return (random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist())
+    """The whole global random state of random, numpy and torch (positions included)."""
+    kind, keys, pos, gauss, cached = np.random.get_state()
+    return (random.getstate(), (kind, keys.tolist(), pos, gauss, cached),
+            torch.get_rng_state().tolist())
+
+
+def _raised(exc):
+    """What a student's call raised, reported per case (not as a crash of the probe)."""
+    if isinstance(exc, NotImplementedError):
+        raise exc
+    return {"raised": f"{type(exc).__name__}: {str(exc)[:300]}"}
 
 
 def _partitioner(student, n, fractions, seed):
-    data = [1000 + i for i in range(n)]
+    data = Samples(n)
     before = _rng_states()
-    dp = student.DataPartitioner(data, fractions, seed=seed)
-    parts = [[int(i) for i in p] for p in dp.partitions]
-    used = [[dp.use(i)[j] for j in range(len(dp.use(i)))] for i in range(len(parts))]
+    try:
+        dp = student.DataPartitioner(data, fractions, seed=seed)
+        kept = _rng_states() == before
+        parts = [[int(i) for i in p] for p in dp.partitions]
+        used = []
+        for i in range(len(parts)):
+            part = dp.use(i)
+            used.append([part[j] for j in range(len(part))])
+    except Exception as exc:  # noqa: BLE001 - reported per case
+        return _raised(exc)
     return {"parts": parts, "right_samples": used == [[data[k] for k in p] for p in parts],
-            "rng_kept": _rng_states() == before}
+            "rng_kept": kept}
+
+
+def _sizes(student, n, fractions):
+    try:
+        got = student.partition_sizes(n, list(fractions))
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported per case, not as a crash
+        return {"raised": type(exc).__name__, "message": str(exc)[:200]}
+    values = list(got)
+    return {"value": [int(v) if isinstance(v, (int, float, np.number)) else None for v in values],
+            "exact": all(isinstance(v, (int, float, np.number)) and v == int(v) for v in values),
+            "types": sorted({type(v).__name__ for v in values}),
+            "ints": all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                        for v in values)}
+
+
+def _labels(student, labels, k, kind):
+    arg = list(labels) if kind == "list" else torch.tensor(labels, dtype=getattr(torch, kind))
+    try:
+        return [[int(i) for i in p] for p in student.label_partitions(arg, k)]
+    except Exception as exc:  # noqa: BLE001 - reported per case
+        return _raised(exc)
 
 
 def probe_partition(student, ctx):
+    """Each process has its own global random state. Returns what ``partition_sizes`` returned
+    (or raised) on every case, ``DataPartitioner`` on every case (and the first again), and
+    ``label_partitions`` on every case."""
     _seed_everything(11 + 17 * ctx.rank)
-    sizes = [_try(lambda c: [int(s) for s in student.partition_sizes(*c)], c) for c in SIZE_CASES]
-    bad = [_try(student.partition_sizes, *c) for c in BAD_CASES]
-    bad = [r["raised"].split(":")[0] if isinstance(r, dict) else None for r in bad]
+    sizes = []
+    for case, n, fractions in size_cases():
+        ctx.case(case)
+        sizes.append(_sizes(student, n, fractions))
+    ctx.case("parts-sizes")
     parts = [_partitioner(student, *c) for c in PARTITIONER_CASES]
-    again = _partitioner(student, *PARTITIONER_CASES[0])["parts"]
-    labels = [student.label_partitions(torch.tensor(lab) if as_tensor else list(lab), k)
-              for lab, k, as_tensor in LABEL_CASES]
-    return sizes, bad, parts, again, [[[int(i) for i in p] for p in ps] for ps in labels]
+    again = _partitioner(student, *PARTITIONER_CASES[0]).get("parts")
+    labels = []
+    for case, lab, k, kind in LABEL_CASES:
+        ctx.case(case)
+        labels.append(_labels(student, lab, k, kind))
+    return sizes, parts, again, labels
 
 
 # ---------------------------------------------------------------- gradient averaging
-# ---------------------------------------------------------------- gradient averaging
-# Local batch sizes per step and rank: unequal, one rank with a single sample.
+# Local batch sizes per step and rank: unequal, one rank with a single sample; and a run where
+# a rank holds no sample in a step (it still takes part: its gradients are zeros).
 AVG_SPLITS = {2: [[7, 3], [2, 8], [5, 5]], 3: [[5, 1, 3], [1, 4, 4], [3, 3, 2]]}
-AVG_LR = 0.1
-# With 3 ranks, one more step inside two process groups (rank 0 alone; ranks 1 and 2), with
-# these local batch sizes: each group averages over its own ranks only.
-AVG_GROUPS = {3: [[0], [1, 2]]}
+AVG_EMPTY = {2: [[4, 0], [0, 3]], 3: [[3, 0, 2], [2, 3, 0]]}
+AVG_LR, AVG_MOMENTUM = 0.1, 0.9
+# With 3 ranks, a run inside two process groups (ranks 0 and 2, not consecutive; rank 1
+# alone), with these local batch sizes: each group averages over its own ranks only.
+AVG_GROUPS = {3: [[0, 2], [1]]}
 AVG_GROUP_SPLIT = [4, 2, 5]
 
 
-def avg_model():
+def avg_cases(size):
+    """``(case, model, dtype, splits, grouped)`` run in one launch with ``size`` ranks: the
+    baseline (FrozenTiedNet: a frozen and a tied parameter), then one dimension changed at a
+    time: EdgeNet (frozen, unused, tied, transposed and 0-d parameters), float64, process groups
+    of non-consecutive ranks, a rank without samples (last: a rank that skips the all_reduce
+    leaves the others waiting)."""
+    cases = [("avg-values", "tied", "float32", AVG_SPLITS[size], False),
+             ("avg-model", "edge", "float32", AVG_SPLITS[size], False),
+             ("avg-float64", "edge", "float64", AVG_SPLITS[size], False)]
+    if size in AVG_GROUPS:
+        cases.append(("avg-group", "tied", "float32", [AVG_GROUP_SPLIT], True))
+    return cases + [("avg-empty-rank", "tied", "float32", AVG_EMPTY[size], False)]
+
+
+def avg_model(kind="tied", dtype="float32"):
+    """The replica every rank starts from: FrozenTiedNet, or EdgeNet in eval mode (BatchNorm on
+    its running statistics, so that the weighted average is the global batch's gradient)."""
     torch.manual_seed(0)
-    return FrozenTiedNet()          # a frozen parameter (grad None) and a tied weight
+    if kind == "tied":
+        return FrozenTiedNet().to(getattr(torch, dtype))
+    return EdgeNet(dtype=getattr(torch, dtype)).eval()
 
 
-def avg_batches(splits):
+def avg_batches(splits, kind="tied", dtype="float32"):
+    """Per step, the global batch ``(x, y)`` (``sum(splits[step])`` samples)."""
+    features, classes = (12, 3) if kind == "tied" else (6, 4)
     g = torch.Generator().manual_seed(4321)
-    return [(torch.randn(sum(s), 12, generator=g), torch.randint(0, 3, (sum(s),), generator=g))
-            for s in splits]
+    return [(torch.randn(sum(s), features, generator=g, dtype=getattr(torch, dtype)),
+             torch.randint(0, classes, (sum(s),), generator=g)) for s in splits]
 
 
 def _grads(model):
@@ -109,23 +231,38 @@ def _grads(model):
 
 
 def avg_run(model, batches, rows=None, after_backward=None):
-    """SGD with momentum; ``rows(step)`` picks this rank's rows. Returns (step-1 grads, state)."""
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=AVG_LR,
-                          momentum=0.9)
-    first = None
+    """SGD with momentum (written out: no ``torch.optim``, whose first use imports
+    ``torch._dynamo``, seconds of CPU per rank) on the mean loss of this rank's rows
+    (``rows(step)``: an index; a rank without rows has loss 0 and zero gradients). Returns
+    (the gradients of step 1, the final state)."""
+    first, velocity = None, {}
     for step, (x, y) in enumerate(batches):
         part = rows(step) if rows else slice(None)
-        opt.zero_grad()
-        F.cross_entropy(model(x[part]), y[part]).backward()
+        xb, yb = x[part], y[part]
+        model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(xb), yb, reduction="sum") / max(len(yb), 1)
+        loss.backward()
         if after_backward:
-            after_backward(len(y[part]))
+            after_backward(len(yb))
         first = first or _grads(model)
-        opt.step()
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    v = velocity[id(p)] = (velocity[id(p)].mul_(AVG_MOMENTUM).add_(p.grad)
+                                           if id(p) in velocity else p.grad.clone())
+                    p.sub_(AVG_LR * v)
     return first, state_arrays(model)
 
 
 def rows(splits, rank):
+    """This rank's rows of each step's global batch."""
     return lambda step: slice(sum(splits[step][:rank]), sum(splits[step][:rank + 1]))
+
+
+def group_rows(splits, ranks):
+    """The rows of the ``ranks`` (in this order), as an index of each step's global batch."""
+    return lambda step: torch.cat([torch.arange(sum(splits[step][:r]), sum(splits[step][:r + 1]))
+                                   for r in ranks])
 
 
 def _my_group(ctx, groups):
@@ -136,58 +273,83 @@ def _my_group(ctx, groups):
 
 
 def probe_average_gradients(student, ctx):
-    """SGD with unequal local batches; with 3 ranks also one step inside process groups."""
-    model = avg_model()
-    _seed_everything(1000 + ctx.rank)
-    splits = AVG_SPLITS[ctx.size]
-    first, state = avg_run(model, avg_batches(splits), rows(splits, ctx.rank),
-                           lambda n: student.average_gradients(model, n))
-    out = {"grads": first, "state": state, "group_grads": None}
-    if ctx.size in AVG_GROUPS:
-        group, model = _my_group(ctx, AVG_GROUPS[ctx.size]), avg_model()
-        split = [AVG_GROUP_SPLIT]
-        out["group_grads"] = avg_run(model, avg_batches(split), rows(split, ctx.rank),
-                                     lambda n: student.average_gradients(model, n, group=group))[0]
+    """Every case of :func:`avg_cases`: SGD on this rank's rows with the student's averaging
+    after each backward. Returns per case the step-1 gradients and the final state."""
+    out = []
+    for case, kind, dtype, splits, grouped in avg_cases(ctx.size):
+        ctx.case(case)
+        group = _my_group(ctx, AVG_GROUPS[ctx.size]) if grouped else None
+        model = avg_model(kind, dtype)
+        _seed_everything(1000 + ctx.rank)
+        average = ((lambda n: student.average_gradients(model, n, group=group)) if grouped
+                   else (lambda n: student.average_gradients(model, n)))
+        first, state = avg_run(model, avg_batches(splits, kind, dtype), rows(splits, ctx.rank),
+                               average)
+        out.append({"grads": first, "state": state})
     return out
 
 
 # ---------------------------------------------------------------- SyncBatchNorm
 BN_STEPS = 2
-BN_CASES = {2: [dict(channels=5, spatial=(), sizes=[6, 2], momentum=0.1),
-                dict(channels=3, spatial=(3, 4), sizes=[1, 3], momentum=None)],
-            3: [dict(channels=4, spatial=(), sizes=[2, 7, 3], momentum=0.1),
-                dict(channels=3, spatial=(2, 3), sizes=[1, 4, 2], momentum=0.3),
-                dict(channels=3, spatial=(), sizes=[3, 2, 4], momentum=0.1, affine=False,
-                     track=False)]}
-# With 3 ranks, one more case inside two process groups (rank 0 alone; ranks 1 and 2).
-BN_GROUPS = {3: [[0], [1, 2]]}
-BN_GROUP_CASE = dict(channels=3, spatial=(), sizes=[3, 2, 4], momentum=None)
+
+
+def bn_cases(size):
+    """The layers and inputs tried with ``size`` ranks (one launch), each a dict: ``case``,
+    ``channels``, ``spatial`` (the dimensions after C: none, (L,) or (H, W)), local batch
+    ``sizes``, ``momentum``, ``dtype``, and optionally ``affine``/``track`` (False),
+    ``near_constant`` (channel 0 with a spread of 3e-3: its variance is about eps) and
+    ``group`` (the process groups the ranks are split into). The baseline first, then one
+    dimension changed at a time."""
+    sizes = {2: [6, 2], 3: [2, 7, 3]}[size]
+    base = dict(case="bn-output", channels=4, spatial=(), sizes=sizes, momentum=0.1,
+                dtype="float32")
+    changes = [dict(case="bn-spatial", spatial=(5,)), dict(case="bn-spatial", spatial=(2, 3)),
+               dict(case="bn-momentum", momentum=None), dict(case="bn-momentum", momentum=0.3),
+               dict(case="bn-eps", near_constant=True),
+               dict(case="bn-empty-rank", sizes=[0, 5] if size == 2 else [3, 0, 4]),
+               dict(case="bn-no-stats", affine=False, track=False),
+               dict(case="bn-float64", dtype="float64")]   # after eps: its tolerance is tight
+    if size == 3:
+        changes.append(dict(case="bn-group", sizes=[3, 5, 2], group=[[0, 2], [1]]))
+    return [base] + [dict(base, **change) for change in changes]
 
 
 def bn_layer(case):
     torch.manual_seed(0)
-    cls = nn.BatchNorm2d if case["spatial"] else nn.BatchNorm1d
+    cls = nn.BatchNorm2d if len(case["spatial"]) == 2 else nn.BatchNorm1d
     bn = cls(case["channels"], momentum=case["momentum"], affine=case.get("affine", True),
              track_running_stats=case.get("track", True))
     if bn.affine:
         with torch.no_grad():
             bn.weight.uniform_(0.5, 1.5)
             bn.bias.normal_()
-    return bn
+    return bn.to(getattr(torch, case["dtype"]))
 
 
 def bn_data(case):
-    """Per step: the global input (channels with different scales and offsets) and the
-    loss weights; the loss is sum(output * weights). Plus an eval-mode input."""
+    """Per step: the global input (channels with different scales and offsets; with
+    ``near_constant``, channel 0 spread by 3e-3 around 0) and the loss weights; the loss is
+    sum(output * weights). Plus an eval-mode input."""
     g = torch.Generator().manual_seed(99)
+    dtype = getattr(torch, case["dtype"])
     c, shape = case["channels"], (sum(case["sizes"]), case["channels"], *case["spatial"])
     view = (1, c) + (1,) * len(case["spatial"])
     scale, offset = torch.rand(c, generator=g) * 2.5 + 0.5, torch.randn(c, generator=g) * 2
-    make = lambda: torch.randn(shape, generator=g) * scale.view(view) + offset.view(view)
-    return [(make(), torch.randn(shape, generator=g)) for _ in range(BN_STEPS)], make()
+    if case.get("near_constant"):
+        scale[0], offset[0] = 3e-3, 0.0
+    make = lambda: (torch.randn(shape, generator=g, dtype=torch.float64) * scale.view(view)
+                    + offset.view(view)).to(dtype)
+    return [(make(), torch.randn(shape, generator=g, dtype=dtype)) for _ in range(BN_STEPS)], make()
+
+
+def bn_rows(sizes, ranks):
+    """The rows of the global batch that ``ranks`` hold (in this order), as an index."""
+    return torch.cat([torch.arange(sum(sizes[:r]), sum(sizes[:r + 1])) for r in ranks])
 
 
 def bn_run(layer, steps, x_eval, part=slice(None)):
+    """Training steps (output, input gradient, parameter gradients), then the buffers and the
+    eval-mode output on this rank's rows ``part``."""
     out = {"y": [], "dx": [], "dweight": [], "dbias": []}
     layer.train()
     for x, w in steps:
@@ -195,10 +357,12 @@ def bn_run(layer, steps, x_eval, part=slice(None)):
         y = layer(x)
         (y * w[part]).sum().backward()
         out["y"].append(y.detach().numpy().copy())
-        out["dx"].append(x.grad.numpy().copy())
+        out["dx"].append((x.grad if x.grad is not None else torch.zeros_like(x)).numpy().copy())
         if layer.affine:
-            out["dweight"].append(layer.weight.grad.numpy().copy())
-            out["dbias"].append(layer.bias.grad.numpy().copy())
+            for name in ("weight", "bias"):
+                grad = getattr(layer, name).grad
+                grad = torch.zeros_like(getattr(layer, name)) if grad is None else grad
+                out[f"d{name}"].append(grad.detach().numpy().copy())
             layer.weight.grad = layer.bias.grad = None
     out["buffers"] = {k: v.numpy().copy() for k, v in layer.named_buffers()}
     layer.eval()
@@ -208,21 +372,27 @@ def bn_run(layer, steps, x_eval, part=slice(None)):
 
 
 def probe_sync_batchnorm(student, ctx):
-    """Every case of ``BN_CASES``; with 3 ranks then ``BN_GROUP_CASE`` inside process groups."""
-    runs = [(case, None) for case in BN_CASES[ctx.size]]
-    if ctx.size in BN_GROUPS:
-        runs.append((BN_GROUP_CASE, _my_group(ctx, BN_GROUPS[ctx.size])))
+    """Every case of :func:`bn_cases`: the student's layer (from ``convert_batchnorm``) on this
+    rank's rows; a case with ``group`` passes the process group this rank belongs to."""
     results = []
-    for case, group in runs:
+    for case in bn_cases(ctx.size):
+        ctx.case(case["case"])
         model = nn.Sequential(bn_layer(case))
-        layer = student.convert_batchnorm(model, group)[0] if group else \
-            student.convert_batchnorm(model)[0]
+        if case.get("group"):
+            group = _my_group(ctx, case["group"])
+            mine = next(g for g in case["group"] if ctx.rank in g)
+            layer = student.convert_batchnorm(model, group)[0]
+        else:
+            mine = list(range(ctx.size))
+            layer = student.convert_batchnorm(model)[0]
+        layer.to(getattr(torch, case["dtype"]))      # convert_batchnorm builds float32 layers
         _seed_everything(1000 + ctx.rank)
         steps, x_eval = bn_data(case)
         sizes = case["sizes"]
         part = slice(sum(sizes[:ctx.rank]), sum(sizes[:ctx.rank + 1]))
         out = bn_run(layer, steps, x_eval, part)
         out["is_student_class"] = isinstance(layer, student.DistributedBatchNorm)
+        out["group"] = mine
         results.append(out)
     # Autograd graphs that hold the process group can sit in reference cycles; if the garbage
     # collector frees them only at interpreter exit, gloo aborts ("terminate called ...").

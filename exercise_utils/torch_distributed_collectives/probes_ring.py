@@ -1,7 +1,8 @@
 """What runs inside the gloo ranks of notebook 03's ring all-reduce check, and its inputs.
 
 :func:`probe_ring` runs the student's ``ring_all_reduce`` on every case of :func:`ring_cases`
-(with 4 ranks then on :data:`GROUP_CASES` inside the process groups of :data:`GROUPS`) inside
+(with 4 ranks then on :data:`GROUP_CASES` inside the process groups of :data:`GROUPS`,
+whose ranks are not consecutive), each charged to its check case (``ctx.case``), inside
 :func:`recording`, which wraps ``torch.distributed`` so that every message the ring sends (and
 any collective it calls) is logged, and a message to or from a rank other than the ring
 neighbour is stopped with a clear error before it is made (it would otherwise hang or crash
@@ -34,16 +35,29 @@ CHUNK_HINT = (" (torch.tensor_split(tensor.view(-1), world_size) always returns 
 
 
 def ring_cases(size):
-    """The (shape, dtype) cases tried with ``size`` ranks, most telling first."""
-    return [((1007,), "float32"), ((5, 7), "float64"), ((size - 1,), "int64"), ((1,), "float32"),
-            ((4, 3, 5), "float32"), ((2 * size * 5,), "int64"), ((10007,), "int32")]
+    """The ``(case, shape, dtype)`` inputs tried with ``size`` ranks: the baseline (a length
+    every world size divides, float32) first, then one dimension changed at a time: lengths
+    that do not divide, more dimensions, float64, integers beyond float's range, tensors
+    smaller than the world (one element, none at all)."""
+    return [("ring-sum", (60,), "float32"),
+            ("ring-uneven", (1007,), "float32"), ("ring-uneven", (2 * size + 1,), "float32"),
+            ("ring-shape", (5, 7), "float32"), ("ring-shape", (4, 3, 5), "float32"),
+            ("ring-float64", (60,), "float64"), ("ring-float64", (5, 7), "float64"),
+            ("ring-integer", (2 * size * 5,), "int64"), ("ring-integer", (10007,), "int32"),
+            ("ring-small", (size - 1,), "int64"), ("ring-small", (1,), "float32"),
+            ("ring-small", (0, 3), "float32")]
 
 
-# With 4 ranks the ring also runs inside process groups: rank 0 alone in one, ranks 1-3 (group
-# ranks 0-2) in the other; each group sums its own ranks' tensors only. Cases: (shape, dtype).
-GROUPS = {4: [[0], [1, 2, 3]]}
-GROUP_CASES = [((1007,), "float32"), ((2,), "int64")]
+# With 4 ranks (the last launch: a ring that ignores the group fails these cases, and a crash
+# there would hide what the earlier cases show) the ring also runs inside process groups whose
+# ranks are not consecutive (so that group rank + offset is not the global rank): each group
+# sums its own ranks' tensors only; a group of one rank returns its tensor as it is.
+# Cases: (case, shape, dtype).
+GROUPS = {4: [[1], [0, 2, 3]]}
+GROUP_CASES = [("ring-group", (1007,), "float32"), ("ring-group", (2,), "int64")]
 GROUP_CASE0 = 100       # ring_input's case numbers of the group cases: 100, 101, ...
+INT_RANGE = {"int64": 2 ** 58, "int32": 2 ** 28}   # |values| below: float64 cannot hold every
+#                       int64 of this size, float32 no int32; sums of 4 ranks do not overflow
 
 
 def group_of(rank, size):
@@ -55,9 +69,19 @@ def ring_input(shape, dtype, rank, case):
     """The tensor rank ``rank`` contributes in case number ``case`` (every rank can rebuild it)."""
     g = torch.Generator().manual_seed(1000 * case + rank)
     if dtype.startswith("int"):
-        return torch.randint(-1000, 1000, shape, generator=g, dtype=getattr(torch, dtype))
+        bound = INT_RANGE[dtype]
+        return torch.randint(-bound, bound, shape, generator=g, dtype=getattr(torch, dtype))
     values = torch.randn(shape, generator=g, dtype=torch.float64) * 10 + rank
     return values.to(getattr(torch, dtype))
+
+
+def ring_sum(shape, dtype, ranks, case):
+    """The exact sum over ``ranks`` (int64 for integers, float64 for floats), as numpy."""
+    wide = torch.int64 if dtype.startswith("int") else torch.float64
+    total = torch.zeros(shape, dtype=wide)
+    for r in ranks:
+        total += ring_input(shape, dtype, r, case).to(wide)
+    return total.numpy()
 
 
 class _Recorded:
@@ -99,6 +123,10 @@ def _global(group, group_rank):
         return None
 
 
+class WrongPeer(RuntimeError):
+    """A message to or from a rank that is not the ring neighbour (stopped before it is made)."""
+
+
 def _expect(name, peer, ring):
     """Stop a message to or from the wrong rank before it is made (it would hang or crash the
     ring with a message that names no cause). ``ring``: the probe's ``{"right", "left"}``."""
@@ -109,7 +137,7 @@ def _expect(name, peer, ring):
             f"(rank + 1) % world_size" if name in SENDS else
             f"received from rank {peer}: in a ring every rank receives only from its left "
             f"neighbour (rank - 1) % world_size")
-    raise RuntimeError(f"dist.{name} {side}, here global rank {want}")
+    raise WrongPeer(f"dist.{name} {side}, here global rank {want}")
 
 
 def _batch_recorder(batch_fn, originals, log, paths, ring):
@@ -173,21 +201,25 @@ def recording(student=None, ring=None):
 def probe_ring(student, ctx, cases, group_cases=()):
     """Run ``ring_all_reduce`` on every case; return per case the result and the calls.
 
-    ``group_cases`` (with 4 ranks) run after the others, each rank passing ``group=`` the
-    process group of :data:`GROUPS` it belongs to (created before the recording starts).
+    ``cases`` and ``group_cases`` are ``(case, shape, dtype)``; each input is charged to its
+    case (``ctx.case``), a message to a rank other than the neighbour to ``ring-neighbours``
+    (``ring-group`` inside a group). ``group_cases`` (with 4 ranks) run after the
+    others, each rank passing ``group=`` the process group of :data:`GROUPS` it belongs to
+    (created before the recording starts).
     """
     import torch.distributed as dist
     groups = [dist.new_group(g) for g in GROUPS.get(ctx.size, [])] if group_cases else []
     mine = next((grp for grp, g in zip(groups, GROUPS.get(ctx.size, [])) if ctx.rank in g), None)
-    runs = [(i, shape, dtype, None) for i, (shape, dtype) in enumerate(cases)]
-    runs += [(GROUP_CASE0 + i, shape, dtype, mine) for i, (shape, dtype) in enumerate(group_cases)]
+    runs = [(i, *c, None) for i, c in enumerate(cases)]
+    runs += [(GROUP_CASE0 + i, *c, mine) for i, c in enumerate(group_cases)]
     results, ring = [], {}
     with recording(student, ring) as log:
-        for case, shape, dtype, group in runs:
+        for number, case, shape, dtype, group in runs:
+            ctx.case(case)
             ranks = group_of(ctx.rank, ctx.size) if group is not None else list(range(ctx.size))
             pos = ranks.index(ctx.rank)
             ring.update(right=ranks[(pos + 1) % len(ranks)], left=ranks[pos - 1])
-            tensor = ring_input(shape, dtype, ctx.rank, case)
+            tensor = ring_input(shape, dtype, ctx.rank, number)
             ptr = tensor.data_ptr()
             del log[:]
             try:
@@ -196,6 +228,8 @@ def probe_ring(student, ctx, cases, group_cases=()):
             except NotImplementedError:
                 raise
             except Exception as exc:    # keep type and traceback; say which case failed
+                if isinstance(exc, WrongPeer) and group is None:
+                    ctx.case("ring-neighbours")
                 where = f"ring_all_reduce on a tensor of shape {tuple(shape)}, dtype {dtype}, "
                 hint = CHUNK_HINT if isinstance(exc, IndexError) else ""
                 if group is not None:
@@ -206,5 +240,5 @@ def probe_ring(student, ctx, cases, group_cases=()):
                 raise
             results.append({"value": tensor.numpy().copy(), "same": out is tensor and
                             tensor.data_ptr() == ptr, "returned": type(out).__name__,
-                            "calls": list(log)})
+                            "dtype": str(tensor.dtype), "calls": list(log)})
     return results

@@ -1,6 +1,8 @@
 """RIGHT (notebook 03, average_gradients): the gradients are flattened with
 ``torch.nn.utils.parameters_to_vector`` behind the sample count (first element), reduced in one
 all_reduce, and written back with ``vector_to_parameters`` (which rebinds each gradient's data).
+``parameters_to_vector`` views each tensor flat, so a transposed gradient goes in as a
+contiguous copy; the vector keeps the gradients' dtype.
 
 Written differently from the solution on purpose; the checker must accept it.
 """
@@ -25,7 +27,7 @@ def average_gradients(model, num_samples, group=None):
     """
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    vector = parameters_to_vector(grads) if grads else torch.zeros(0)
+    vector = parameters_to_vector([g.contiguous() for g in grads]) if grads else torch.zeros(0)
     flat = torch.cat([vector.new_tensor([float(num_samples)]), vector * num_samples])
     dist.all_reduce(flat, group=group)
     vector_to_parameters(flat[1:] / flat[0], grads)
