@@ -3,10 +3,14 @@ that keeps optimizer state only for its rank's share of the parameters.
 
 Modules:
 
-* ``checks``: ``check_memory`` and ``check_sharded`` (and the launches they share);
+* ``checks``: ``check_sharded`` and the launches it shares with ``check_checkpoint``
+  (``check_memory`` is imported from there too);
+* ``checks_memory``: ``check_memory`` (a sweep of the memory model, in the checker's process);
+* ``checks_sharded``: what ``check_sharded`` holds the ranks' results to;
 * ``checks_checkpoint``: ``check_checkpoint``;
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
-* ``probes``: what runs inside the ranks those checks start;
+* ``probes``, ``probes_runs``, ``probes_checkpoint``: what runs inside the ranks those checks
+  start;
 * ``bench``: optimizer state and memory per rank against AdamW and ``ZeroRedundancyOptimizer``.
 """

@@ -1,75 +1,160 @@
 """The checkpoint checker of notebook 07 (ZeRO-1): ``check_checkpoint`` for ``work/07_zero.py``.
 
-It shares the launches of :mod:`.checks` (one per world size, 2 and 3 gloo ranks, kept per
-file content): the consolidated ``state_dict()`` on rank ``to`` equals the unsharded
-optimizer's (state and groups), and a fresh ``ShardedOptimizer`` that loads the unsharded
-optimizer's state dict keeps only its shard and trains on exactly like the reference.
+It shares the launches of :mod:`.checks` (one per world size, 2, 3 and 1 gloo ranks, kept per
+file content; the probe: :mod:`.probes_checkpoint`). After ``consolidate_state_dict()`` (``to``
+left at 0), then ``to=size - 1``, then ``to=1 % size`` after more steps and a changed lr, rank
+``to``'s ``state_dict()`` equals the unsharded optimizer's at that moment (state and groups)
+and every other rank's raises RuntimeError, as it does everywhere before any consolidation;
+a fresh ``ShardedOptimizer`` that loads the unsharded optimizer's state dict keeps only its
+shard, takes the groups' hyper-parameters and trains on exactly like the reference, and so
+does one that loads the consolidated state dict (float32, float64 and EdgeNet).
 
 Used in 07_bonus_zero_sharding.
 """
 import numpy as np
 
-from ..harness import assert_close
+from ..contract import fail
 from . import probes
-from .checks import ATOL, RTOL, TIMEOUT, stage_results
+from .checks import TIMEOUT, stage_results
+from .checks_sharded import ATOL, RTOL, TIGHT, compare, expected_owners
+
+FORMAT = ("the format of the unsharded optimizer: {'state': {global index: {name: tensor}}, "
+          "'param_groups': [{hyper-parameters..., 'params': [global indices]}]}")
 
 
-def _same_value(a, b):
+def _same_value(a, b, tol):
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.shape(a) == np.shape(b) and np.allclose(a, b, atol=ATOL, rtol=RTOL)
+        return np.shape(a) == np.shape(b) and np.allclose(a, b, atol=tol[0], rtol=tol[1])
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same_value(x, y, tol) for x, y in zip(a, b))
     return a == b
 
 
-def _check_consolidated(got, want, size, to):
-    call = f"consolidate_state_dict(to={to}) then state_dict() on rank {to} with {size} ranks"
-    if got is None:
-        raise AssertionError(f"{call} returned None: rank {to} must hold the whole state")
-    if sorted(got.get("state", {})) != sorted(want["state"]):
-        raise AssertionError(
-            f"{call}: its 'state' has entries {sorted(got.get('state', {}))}; the unsharded "
-            f"AdamW's has {sorted(want['state'])} (one per parameter, numbered over all groups "
-            f"in order): map each rank's local indices to the global ones")
+def _same_state_dict(case, got, want, call, tol):
+    keys = sorted(got.get("state", {}))
+    if keys != sorted(want["state"]):
+        fail(case, f"{call}: its 'state' has entries {keys}; the unsharded AdamW's has "
+                   f"{sorted(want['state'])} (one per parameter that has state, numbered over "
+                   f"all groups in order, a parameter without gradient included in the "
+                   f"numbering): map each rank's local indices to the global ones")
     for index, state in want["state"].items():
-        mine = got["state"][index]
         for key, value in state.items():
-            if key not in mine or not _same_value(mine[key], value):
-                raise AssertionError(
-                    f"{call}: state[{index}][{key!r}] differs from the unsharded AdamW's "
-                    f"(its parameter {index} of the groups in order): each global index must "
-                    f"hold the state of that parameter")
+            if key not in got["state"][index] or not _same_value(got["state"][index][key],
+                                                                 value, tol):
+                fail(case, f"{call}: state[{index}][{key!r}] differs from the unsharded "
+                           f"AdamW's (its parameter {index} of the groups in order; tolerance "
+                           f"{tol[0]:g}): each global index must hold the state of that "
+                           f"parameter as it is now, in its own dtype")
     groups = got.get("param_groups", [])
     if len(groups) != len(want["param_groups"]):
-        raise AssertionError(f"{call}: {len(groups)} param_groups; the unsharded AdamW has "
-                             f"{len(want['param_groups'])}")
+        fail(case, f"{call}: {len(groups)} param_groups; the unsharded AdamW has "
+                   f"{len(want['param_groups'])}")
     for i, (mine, ref) in enumerate(zip(groups, want["param_groups"])):
         for key, value in ref.items():
-            if key not in mine or not _same_value(mine[key], value):
-                raise AssertionError(
-                    f"{call}: param_groups[{i}][{key!r}] is {mine.get(key, 'missing')!r}, the "
-                    f"unsharded AdamW's {value!r}: every group with all its hyper-parameters "
-                    f"and the global indices of all its parameters")
+            if key not in mine or not _same_value(mine[key], value, tol):
+                fail(case, f"{call}: param_groups[{i}][{key!r}] is {mine.get(key, 'missing')!r},"
+                           f" the unsharded AdamW's {value!r}: every group with all its "
+                           f"hyper-parameters as they are now and the global indices of all its "
+                           f"parameters")
+
+
+def check_consolidated(case, runs, size, call, tol=(ATOL, RTOL)):
+    """What ``state_dict()`` gave on rank ``to`` after ``call``, against the reference's."""
+    to = runs[0]["to"]
+    got, want = runs[to]["got"], runs[to]["ref"]
+    call = f"{call} then state_dict() on rank {to} with {size} rank(s)"
+    if "raised" in got:
+        fail(case, f"{call} raised {got['raised']}: {got['message']}: rank {to} must hold the "
+                   f"whole state")
+    if "bad" in got:
+        fail(case, f"{call} returned {got['bad']}; expected {FORMAT}")
+    _same_state_dict(case, got["ok"], want, call, tol)
+
+
+def _must_raise(case, rank, got, when):
+    if got.get("raised") == "RuntimeError":
+        return
+    what = (f"raised {got['raised']}" if "raised" in got else "returned a state dict")
+    fail(case, f"rank {rank}: state_dict() {when} {what}; it must raise RuntimeError (this rank "
+               f"holds no consolidated state: only rank `to` of the last consolidate_state_dict "
+               f"call does, every other rank drops what an earlier call left it)")
+
+
+def _loadable(case, run, size):
+    if run["unloadable"]:
+        fail(case, f"the state dict that state_dict() returned on rank {run['to']} with {size} "
+                   f"rank(s) cannot be loaded back: {run['unloadable']}. It must be in {FORMAT}, "
+                   f"as torch's optimizers return it (tensors, AdamW's step count included)")
+
+
+def check_loaded(res, size):
+    """The fresh optimizers that loaded a state dict: shard only, groups' settings, values."""
+    nets = [out["net"] for out in res]
+    holders = {n: [r for r, net in enumerate(nets) if n in net["loaded_state"]]
+               for n in probes.numels()}
+    owners = expected_owners(size)
+    for name, ranks in holders.items():
+        if ranks != [owners[name]]:
+            fail("load-shard-only", f"after load_state_dict of the whole state with {size} "
+                 f"rank(s) the state of {name} is on ranks {ranks}, expected only on its owner "
+                 f"{owners[name]}: each rank keeps only its shard's state (kept per rank: "
+                 f"{[len(net['loaded_state']) for net in nets]} of {len(owners)} parameters)")
+    for rank, net in enumerate(nets):
+        for i, (mine, ref) in enumerate(zip(net["loaded_groups"], net["ref_groups"])):
+            if mine["hyper"] != ref["hyper"]:
+                fail("load-hyper", f"rank {rank}: after load_state_dict param_groups[{i}] has "
+                     f"{mine['hyper']}; the state dict's group has {ref['hyper']}: load every "
+                     f"group's hyper-parameters into self.param_groups too (step() copies them "
+                     f"to the local optimizer)")
+    what = (f"load_state_dict, then {probes.MORE_STEPS} steps (a fresh ShardedOptimizer built "
+            f"with lr={10 * probes.LR:g})")
+    for rank, net in enumerate(nets):
+        compare("load-values", rank, size, {"final": net["loaded_final"],
+                                            "ref": net["ref_final"]},
+                f"{what} of the unsharded AdamW's state_dict", "load each parameter's state "
+                "(step counts included) and the groups' hyper-parameters")
+    for rank, net in enumerate(nets):
+        _loadable("load-round-trip", net["fresh"], size)
+        compare("load-round-trip", rank, size, {"final": net["trip_final"],
+                                                "ref": net["ref_final"]},
+                f"{what} of the state_dict() your consolidate_state_dict made", "what "
+                "state_dict() returns after consolidating must load back (tensors, step "
+                "counts and all, in the unsharded optimizer's format) and train on alike")
 
 
 def check_checkpoint(path, timeout=TIMEOUT):
-    """Check ``consolidate_state_dict``, ``state_dict`` and ``load_state_dict`` (2 and 3
+    """Check ``consolidate_state_dict``, ``state_dict`` and ``load_state_dict`` (2, 3 and 1
     ranks; the same launches as ``check_sharded``)."""
     for size, res in stage_results(path, "checkpoint", timeout):
-        to = res[0]["to"]
-        _check_consolidated(res[to]["consolidated"], res[to]["ref_state"], size, to)
-        numels = probes.numels()
-        held = [sorted(out["loaded_state"]) for out in res]
-        if any(len(h) == len(numels) for h in held) and size > 1:
-            raise AssertionError(f"after load_state_dict of the whole state with {size} ranks "
-                                 f"the ranks keep state for {[len(h) for h in held]} of "
-                                 f"{len(numels)} parameters: each must keep only its shard's")
-        for rank, out in enumerate(res):
-            assert_close(out["loaded_final"], out["ref_final"], f"a fresh ShardedOptimizer "
-                         f"(built with lr={10 * probes.LR:g}) that loaded the unsharded AdamW's "
-                         f"state_dict after {probes.STEPS} steps, then trained "
-                         f"{probes.MORE_STEPS} more steps with {size} ranks, must follow the "
-                         f"unsharded AdamW: load each "
-                         f"parameter's state (step counts included) and the groups' "
-                         f"hyper-parameters (lr={probes.LR:g}), into param_groups too: "
-                         f"step() copies them to the local optimizer", rank, ATOL, RTOL)
+        nets = [out["net"] for out in res]
+        check_consolidated("consolidate-values", [n["default"] for n in nets], size,
+                           "consolidate_state_dict() (to left at its default, 0)")
+        check_consolidated("consolidate-to", [n["last"] for n in nets], size,
+                           f"consolidate_state_dict(to={size - 1})")
+        for rank, net in enumerate(nets):
+            _must_raise("state-dict-raises", rank, net["before"], "before any "
+                        "consolidate_state_dict")
+        for key, call in (("default", "consolidate_state_dict()"),
+                          ("last", f"consolidate_state_dict(to={size - 1})")):
+            for rank, net in enumerate(nets):
+                if rank != net[key]["to"]:
+                    _must_raise("consolidate-other-ranks", rank, net[key]["got"], f"after {call}")
+        check_consolidated("consolidate-fresh", [n["fresh"] for n in nets], size,
+                           f"halving group 0's lr, 2 more steps, consolidate_state_dict(to="
+                           f"{1 % size})")
+        for rank, net in enumerate(nets):
+            if rank != net["fresh"]["to"]:
+                _must_raise("consolidate-other-ranks", rank, net["fresh"]["got"],
+                            f"after consolidate_state_dict(to={1 % size})")
+        check_loaded(res, size)
+        for case, key, tol in (("checkpoint-float64", "float64", TIGHT),
+                               ("checkpoint-edge", "edge", (ATOL, RTOL))):
+            runs = [out[key] for out in res]
+            model = "a float64 model" if key == "float64" else "EdgeNet"
+            check_consolidated(case, runs, size, f"consolidate_state_dict() on {model}", tol)
+            for rank, run in enumerate(runs):
+                _loadable(case, run, size)
+                compare(case, rank, size, {"final": run["final"], "ref": run["ref_final"]},
+                        f"load_state_dict of the consolidated state dict of {model}, then 2 "
+                        f"steps", "the state of every parameter that has one, in the "
+                        "parameters' dtype, under its global index", tol)
