@@ -2,8 +2,8 @@
 
 ``check_train`` runs the student's ``work/04_cifar_dp.py`` in one launch of 3 fresh processes
 through :func:`.probes.probe_train`, once per run of :data:`.probes.TRAIN_RUNS` (2 ranks; 3
-ranks; 1 rank; 2 ranks with ``ema_every`` 3; every run 2 epochs, a training set the world
-size does not divide). The probe records what the trainer's parts from :mod:`.tricks` and the
+ranks; 1 rank with ``ema_every`` 3; every run 2 epochs, a training set that leaves a
+remainder). The probe records what the trainer's parts from :mod:`.tricks` and the
 model saw: every minibatch each rank trained on, the parameters and buffers at the first step
 (frozen parameters and BatchNorm statistics drawn at random per rank), the parameters at the
 last, which ranks built and updated an EMA model and which validated. Per run, the checker
@@ -144,6 +144,12 @@ def _check_init(run):
                      "rank differently): broadcast every tensor of model.state_dict() from "
                      "rank 0 after building the model", rank, atol=0, rtol=0,
                      case="train-init", dtype=True)
+    if outs[0]["built"] is not None:
+        assert_close(outs[0]["init"], outs[0]["built"], f"run with {name}: rank 0's parameters "
+                     "and buffers at the first training step must be those its model was built "
+                     "with: every rank starts from rank 0's model, so rank 0's must not change "
+                     "(broadcast from rank 0; averaging the ranks' models changes it)", 0,
+                     atol=0, rtol=0, case="train-init", dtype=True)
 
 
 def replay(outs, config):

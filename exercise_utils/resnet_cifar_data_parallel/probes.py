@@ -51,8 +51,8 @@ CONFIG = runner.TrainConfig(
 TRAIN_RUNS = (
     ("2 ranks", WORLD, {}),
     ("3 ranks", 3, dict(train_size=3 * (3 * MINIBATCH - 1) + 2, batch_size=3 * MINIBATCH)),
-    ("1 rank", 1, dict(train_size=3 * MINIBATCH - 1, batch_size=MINIBATCH)),
-    ("2 ranks, ema_every 3", WORLD, dict(ema_every=3)),
+    ("1 rank, ema_every 3", 1, dict(train_size=3 * MINIBATCH - 1, batch_size=MINIBATCH,
+                                    ema_every=3)),
 )
 
 
@@ -87,12 +87,19 @@ def simulated_gpus(count, set_devices=None):
     """Make torch.cuda say there are ``count`` GPUs (0: none) for the block; calls of
     ``torch.cuda.set_device`` are appended to ``set_devices`` instead of run. Communication
     stays on the CPU (gloo): the checks run the same on machines with and without GPUs."""
-    cuda = torch.cuda
-    saved = {name: getattr(cuda, name) for name in ("is_available", "device_count", "set_device")}
+    cuda, current = torch.cuda, [0]
+    names = ("is_available", "device_count", "set_device", "current_device", "get_device_name")
+    saved = {name: getattr(cuda, name) for name in names}
+    calls = set_devices if set_devices is not None else []
+
+    def set_device(device):
+        calls.append(str(device))
+        current[0] = device if isinstance(device, int) else torch.device(device).index or 0
     cuda.is_available = lambda: count > 0
     cuda.device_count = lambda: count
-    cuda.set_device = lambda device: (set_devices if set_devices is not None else []).append(
-        str(device))
+    cuda.set_device = set_device
+    cuda.current_device = lambda: current[0]
+    cuda.get_device_name = lambda device=None: "simulated GPU"
     try:
         yield
     finally:
@@ -121,6 +128,7 @@ class _Record:
         self.epochs, self.init, self.model, self.ctx = [], None, None, ctx
         self.emas, self.ema_steps, self.evaluated, self.accuracies = [], [], [], []
         self.trajectory, self.case = [], None      # parameters before steps 2, 3, ...
+        self.built = None                          # the trained model's state when built
 
     def enter(self, case):
         """The part of train that runs now (a check case): errors and hangs are charged to it."""
@@ -144,11 +152,12 @@ class _RecordedModel(models.ResNetBagOfTricks):
                     m.running_mean.normal_(0, 0.1)
                     m.running_var.uniform_(0.5, 2.0)
                     m.num_batches_tracked.fill_(int(torch.randint(1, 1000, ())))
+        self.dtfs_built = state(self)              # as built, before any broadcast
         REC.enter("train-init")
 
     def forward(self, x):
         if self.training and torch.is_grad_enabled() and REC.init is None:
-            REC.init, REC.model = state(self), self
+            REC.init, REC.model, REC.built = state(self), self, self.dtfs_built
             REC.enter("train-step")
         return super().forward(x)
 
@@ -260,7 +269,7 @@ def _train_run(student, rank, world, config):
     finally:
         undo()
     return dict(error=error, epochs=REC.epochs, init=REC.init, summary=summary,
-                trajectory=REC.trajectory,
+                trajectory=REC.trajectory, built=REC.built if rank == 0 else None,
                 final=params(REC.model) if REC.model is not None else None,
                 ema_made=len(REC.emas), ema_steps=REC.ema_steps,
                 ema=params(REC.emas[-1].model) if REC.emas else None,

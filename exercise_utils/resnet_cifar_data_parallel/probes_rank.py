@@ -80,7 +80,8 @@ def _rendezvous():
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
     store = c10d._get_default_store()
-    store = getattr(store, "underlying_store", store)
+    while hasattr(store, "underlying_store"):          # PrefixStores around the TCPStore
+        store = store.underlying_store
     found = dict(host=getattr(store, "host", None), port=getattr(store, "port", None),
                  store_timeout=store.timeout.total_seconds(), store_id=id(store),
                  group_timeout=None)

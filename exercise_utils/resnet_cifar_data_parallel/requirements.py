@@ -11,7 +11,7 @@ Cases of ``rank_process`` (each verified on every run: 1, 2 and 3 ranks; no GPU,
 GPU per rank, simulated): ``rp-train`` (train called, in a group of the right ranks),
 ``rp-store``, ``rp-group``, ``rp-timeout``, ``rp-backend``, ``rp-barrier``, ``rp-destroy``,
 ``rp-return``, ``rp-raise``. Cases of ``train`` (each verified on every run: 2, 3 and 1 ranks,
-``ema_every`` 2 and 3): ``train-counts``, ``train-slices``, ``train-init``, ``train-step``,
+``ema_every`` 2, 2 and 3): ``train-counts``, ``train-slices``, ``train-init``, ``train-step``,
 ``train-leader``, ``train-ema``, ``train-validates``, ``train-returns``.
 
 Used in 04_resnet_cifar_data_parallel.

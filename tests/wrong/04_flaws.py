@@ -182,6 +182,17 @@ FLAWS = [
              "the replicas start from different models and stay different.",
          expect="must be rank 0's on every rank",
          patch=((BROADCAST, ""),)),
+    Flaw("train", "averaged_start", clause="same-start", case="train-init",
+         why="averages the ranks' models (all_reduce, then divide, as model averaging does) "
+             "instead of broadcasting rank 0's: every rank starts alike, but from a mixture, "
+             "not from rank 0's model.",
+         expect="rank 0's parameters and buffers at the first training step must be those",
+         patch=((BROADCAST, "    for tensor in model.state_dict().values():\n"
+                            "        if tensor.is_floating_point():\n"
+                            "            dist.all_reduce(tensor)\n"
+                            "            tensor /= world_size\n"
+                            "        else:\n"
+                            "            dist.broadcast(tensor, src=0)\n"),)),
     Flaw("train", "parameters_only", clause="broadcast", case="train-init",
          why="broadcasts model.parameters() but not the buffers: every rank keeps its own "
              "BatchNorm running statistics (and the EMA model validated with rank 0's).",
