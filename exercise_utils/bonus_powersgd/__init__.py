@@ -3,9 +3,11 @@ iteration with error feedback; accuracy against bytes, beside torch's ``powerSGD
 
 Modules:
 
-* ``checks``: ``check_orthogonalize``, ``check_compression_rank`` and ``check_powersgd``;
+* ``checks``: ``check_orthogonalize``, ``check_compression_rank`` (and ``check_powersgd``,
+  from ``checks_powersgd``), one launch of 3 ranks for all three;
+* ``checks_powersgd``: ``check_powersgd``, setting by setting, step by step;
 * ``probes``: what runs inside the ranks those checks start (the recorder and the probe);
-* ``reference``: the inputs and the float64 replay of PowerSGD the checks compare with;
+* ``reference``: the inputs (sweeps) and the float64 replay of PowerSGD the checks compare with;
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
 * ``experiments``: training accuracy against bytes sent (a torchrun script), tables, plots;

@@ -1,22 +1,31 @@
 """What runs inside the ranks of notebook 08's checks (PowerSGD): the recorder and the probe.
 
-:func:`probe` runs in every rank (gloo group already initialised by the harness): it calls the
-student's ``orthogonalize`` and ``compression_rank`` on fixed inputs (no communication), then
-trains nothing: it hands the student's ``PowerSGD`` a fixed set of gradients, different on
-every rank and at every step, for ``STEPS`` steps in each of ``CONFIGS`` (:mod:`.reference`;
-among the parameters a frozen one and an unused one whose grad stays None),
-and records every ``torch.distributed`` collective the student's code makes (name, elements,
-bytes), the gradients it leaves and its ``bytes_sent``.
+:func:`probe` runs in every rank (gloo group already initialised by the harness, or none for
+the local stages alone): it calls the student's ``orthogonalize`` and ``compression_rank`` on
+every input of :mod:`.reference` (no communication; an error is recorded per input), then
+trains nothing: in a world of 1 rank and one of 2 side by side, then in the world of 3 (each
+its own default process group: :func:`_worlds`), for each of :data:`~.reference.SETTINGS` it
+builds the student's ``PowerSGD``
+over the setting's parameters (given as a generator, as ``model.parameters()`` is), hands it
+fixed gradients, different on every rank and at every step, for ``STEPS`` steps, and records
+every ``torch.distributed`` collective the student's code makes (name, elements, bytes, dtype),
+the gradients it leaves (and those it must leave None), ``bytes_sent``, ``total_bytes``,
+``params``, ``errors`` and ``qs``. Everything goes back as plain data.
 
-Used in 08_bonus_powersgd (by :mod:`.checks`).
+Used in 08_bonus_powersgd (by the checks).
 """
+import datetime
+import numbers
+import os
+import traceback
+
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..rankworker import not_implemented
-from .reference import (CONFIGS, ORTHO_SHAPES, RANK_CASES, SEED, SHAPES, STEPS, UNUSED,
-                        gradient, ortho_input)
+from .reference import (CONV, GRADIENTS, ORTHO_CASES, SEED, SETTINGS, STEPS, SYNTHETIC,
+                        edge_model, gradient, layout, ortho_input, rank_cases)
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce",
                "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "send", "recv",
@@ -25,7 +34,7 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 
 class Recorder:
     """Replaces the torch.distributed collectives (also names the student imported from it)
-    by wrappers that record ``(name, elements, bytes)`` in ``calls``."""
+    by wrappers that record ``(name, elements, bytes, dtype)`` in ``calls``."""
 
     def __init__(self, student):
         self.calls, self.original, self.student = [], {}, student
@@ -52,9 +61,10 @@ class Recorder:
         def recorded(*args, **kwargs):
             tensor = args[0] if args else kwargs.get("tensor")
             if isinstance(tensor, torch.Tensor):
-                self.calls.append((name, tensor.numel(), tensor.numel() * tensor.element_size()))
+                self.calls.append((name, tensor.numel(), tensor.numel() * tensor.element_size(),
+                                   _dtype(tensor)))
             else:
-                self.calls.append((name, 0, 0))
+                self.calls.append((name, 0, 0, ""))
             return fn(*args, **kwargs)
         return recorded
 
@@ -70,16 +80,58 @@ STAGES = ("orthogonalize", "compression_rank", "powersgd")
 def probe(student, ctx, stages=STAGES):
     """Run in every rank. Returns ``{stage: result}`` for ``stages`` (of :data:`STAGES`); a
     stage whose code raised NotImplementedError gives ``{"todo": function}``. Errors of the
-    local stages are returned as ``{"error": text}``; errors of PowerSGD propagate (the
-    ranks' collectives no longer match)."""
-    out = {}
+    local stages are recorded per input; errors of PowerSGD propagate (the ranks' collectives
+    no longer match; with one rank: recorded per setting), charged to the setting's case.
+    PowerSGD's result: :func:`_worlds`."""
+    torch.set_num_threads(1)      # tiny tensors: more threads only spin (6 s instead of 0.1 s
+    out = {}                      # on a busy 2-core machine)
     if "orthogonalize" in stages:
-        out["orthogonalize"] = _local(student, _probe_orthogonalize)
+        out["orthogonalize"] = _todo(student, lambda: _probe_orthogonalize(student, ctx))
     if "compression_rank" in stages:
-        out["compression_rank"] = _local(student, _probe_rank)
+        out["compression_rank"] = _todo(student, lambda: _probe_rank(student, ctx))
     if "powersgd" in stages:
-        out["powersgd"] = _todo(student, lambda: _probe_powersgd(student, ctx))
+        out["powersgd"] = _todo(student, lambda: _worlds(student, ctx))
     return out
+
+
+# ---------------------------------------------------------------- worlds of 1, 2 and 3 ranks
+GROUP_TIMEOUT = datetime.timedelta(seconds=600)    # as the harness's group (its limit)
+
+
+def _worlds(student, ctx):
+    """PowerSGD in a world of 1 rank (rank 0) and one of 2 (ranks 1 and 2), side by side, each
+    its own default process group, then in the world of all 3 ranks: ``{"w1" or "w2": result,
+    "w3": result}``. With another number of ranks: ``{"w<size>": result}``. One launch gives
+    the checker all three world sizes."""
+    if ctx.size != 3:
+        return {f"w{ctx.size}": _probe_powersgd(student, ctx)}
+    store = _store(ctx)
+    sub = "w1" if ctx.rank == 0 else "w2"
+    _regroup(store, sub, *((0, 1) if ctx.rank == 0 else (ctx.rank - 1, 2)))
+    out = {sub: _probe_powersgd(student, ctx)}
+    _regroup(store, "w3", ctx.rank, 3)
+    out["w3"] = _probe_powersgd(student, ctx)
+    return out
+
+
+def _store(ctx):
+    """A TCPStore served by rank 0 (a free port, told to the others over the launch's group)
+    for the groups of :func:`_regroup`."""
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    store = (dist.TCPStore(host, 0, None, True, GROUP_TIMEOUT, wait_for_workers=False)
+             if ctx.rank == 0 else None)
+    port = [store.port if store is not None else None]
+    dist.broadcast_object_list(port, src=0)
+    dist.barrier()
+    return store if store is not None else dist.TCPStore(host, port[0], None, False,
+                                                          GROUP_TIMEOUT)
+
+
+def _regroup(store, name, rank, size):
+    """Replace this rank's default process group by group ``name`` (``size`` ranks)."""
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.PrefixStore(name, store), rank=rank,
+                            world_size=size, timeout=GROUP_TIMEOUT)
 
 
 def _todo(student, fn):
@@ -89,68 +141,170 @@ def _todo(student, fn):
         return not_implemented(student, exc)
 
 
-def _local(student, fn):
-    try:
-        return _todo(student, lambda: fn(student))
-    except Exception as exc:  # noqa: BLE001 - reported by the checker
-        return {"error": f"{type(exc).__name__}: {exc}"}
+def _dtype(tensor):
+    return str(tensor.dtype).replace("torch.", "")
 
 
-def _probe_orthogonalize(student):
+def _kind(value):
+    """'builtins.int', 'numpy.int64', 'torch.Tensor', ..."""
+    return f"{type(value).__module__.split('.')[0]}.{type(value).__name__}"
+
+
+def _raised(exc):
+    return {"raised": f"{type(exc).__name__}: {exc}"}
+
+
+def _probe_orthogonalize(student, ctx):
     out = []
-    for k in range(len(ORTHO_SHAPES)):
-        p = ortho_input(k)
-        got = student.orthogonalize(p.clone())
-        out.append(None if got is None else
-                   {"type": type(got).__name__, "dtype": str(getattr(got, "dtype", "")),
-                    "value": np.asarray(got.detach().numpy() if isinstance(got, torch.Tensor)
-                                        else got, dtype=np.float64)})
-    return {"results": out}
-
-
-def _probe_rank(student):
-    out = []
-    for shape, rank, rate in RANK_CASES:
+    for k, (case, *_) in enumerate(ORTHO_CASES):
+        ctx.case(case)
         try:
-            out.append(student.compression_rank(torch.Size(shape), rank, rate))
+            got = student.orthogonalize(ortho_input(k))
         except NotImplementedError:
             raise
-        except Exception as exc:  # noqa: BLE001 - reported by the checker, with the call
-            out.append({"raised": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:  # noqa: BLE001 - reported per input by the checker
+            out.append(_raised(exc))
+            continue
+        if isinstance(got, torch.Tensor):
+            out.append({"type": "torch.Tensor", "dtype": _dtype(got),
+                        "value": got.detach().to(torch.float64).numpy().copy()})
+        else:
+            out.append({"type": _kind(got), "dtype": "",
+                        "value": None if got is None else np.asarray(got, dtype=np.float64)})
     return {"results": out}
+
+
+def _probe_rank(student, ctx):
+    out = []
+    for kind in ("size", "tuple"):
+        for case, shape, rank, rate in rank_cases():
+            ctx.case("rank-tuple" if kind == "tuple" else case)
+            try:
+                got = student.compression_rank(torch.Size(shape) if kind == "size" else
+                                               tuple(shape), rank, rate)
+                out.append([_kind(got), _integer(got)])
+            except NotImplementedError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported by the checker, with the call
+                out.append(_raised(exc))
+    return {"results": out}
+
+
+def _integer(value):
+    if isinstance(value, float):
+        return value
+    try:
+        return int(value)
+    except (TypeError, ValueError, RuntimeError):
+        return repr(value)[:60]
+
+
+# ---------------------------------------------------------------- PowerSGD
+def _params(setting):
+    """``[(name, parameter, kind)]`` in the order of the setting's layout."""
+    dtype = getattr(torch, setting.dtype)
+    if setting.model == "edgenet":
+        model = edge_model(setting.dtype)
+        conv = torch.nn.Parameter(torch.zeros(CONV[1], dtype=dtype).contiguous(
+            memory_format=torch.channels_last))
+        return [(n, p, kind) for (n, p), (_, _, kind) in zip(
+            [*model.named_parameters(), (CONV[0], conv)], layout("edgenet"))]
+    return [(n, torch.nn.Parameter(torch.zeros(shape, dtype=dtype),
+                                   requires_grad=kind != "frozen"), kind)
+            for n, shape, kind in SYNTHETIC]
 
 
 def _probe_powersgd(student, ctx):
-    out = {}
+    """Every setting in order, in the current default group. With one rank an error ends only
+    its setting (recorded, so that the checker reports the settings in order); with more, the
+    error propagates (the other ranks wait in a collective)."""
+    out, rank, size = {}, dist.get_rank(), dist.get_world_size()
     with Recorder(student) as rec:
-        for config, kwargs in CONFIGS.items():
-            params = [torch.nn.Parameter(torch.zeros(shape)) for shape in SHAPES.values()]
-            frozen = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
-            unused = torch.nn.Parameter(torch.zeros(UNUSED[1]))     # its grad stays None
-            given = params[:UNUSED[2]] + [unused] + params[UNUSED[2]:] + [frozen]
-            compressor = student.PowerSGD(given, seed=SEED, **kwargs)
-            steps = []
-            for step in range(STEPS):
-                for p, name in zip(params, SHAPES):
-                    p.grad = gradient(name, step, ctx.rank).clone()
-                rec.take()
-                _reduce(compressor)
-                steps.append({"calls": rec.take(),
-                              "grads": {n: p.grad.detach().numpy().copy()
-                                        for n, p in zip(SHAPES, params)},
-                              "bytes_sent": getattr(compressor, "bytes_sent", None),
-                              "unused_grad": unused.grad is not None})
-            out[config] = {"steps": steps,
-                           "total_bytes": getattr(compressor, "total_bytes", None)}
+        for name, setting in SETTINGS.items():
+            ctx.case(setting.case)
+            try:
+                out[name] = _run_setting(student, rank, rec, setting)
+            except NotImplementedError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported by the checker, in order
+                if size > 1:
+                    if exc.args and isinstance(exc.args[0], str):   # which world, which rank
+                        exc.args = (f"(with {size} ranks, as rank {rank}) {exc.args[0]}",
+                                    *exc.args[1:])
+                    raise
+                out[name] = {"raised": type(exc).__name__, "message": str(exc),
+                             "traceback": _frames(exc, student)}
     return out
 
 
-def _reduce(compressor):
-    """``compressor.reduce()``; a crash on the parameter without a gradient says so."""
+def _run_setting(student, rank, rec, setting):
+    named = _params(setting)
+    compressor = student.PowerSGD((p for _, p, _ in named), rank=setting.rank,
+                                  min_compression_rate=setting.rate,
+                                  warm_start=setting.warm, seed=SEED)
+    ids = {id(p): n for n, p, _ in named}
+    params = getattr(compressor, "params", None)
+    steps = []
+    for step in range(STEPS):
+        for k, (_, p, kind) in enumerate(named):
+            p.grad = gradient(setting, k, step, rank) if kind in GRADIENTS else None
+        rec.take()
+        _reduce(compressor, named)
+        steps.append(_snapshot(compressor, named, rec.take()))
+    return {"params_type": _kind(params),
+            "params": [ids.get(id(p), "?") for p in params]
+            if isinstance(params, (list, tuple)) else None,
+            "steps": steps}
+
+
+def _frames(exc, student):
+    """The traceback's frames in the student's file (else its last three), as text."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if f.filename == student.__file__]
+    return "".join(traceback.format_list(mine or frames[-3:])) + f"{type(exc).__name__}: {exc}"
+
+
+def _snapshot(compressor, named, calls):
+    return {"calls": calls,
+            "grads": {n: (_dtype(p.grad), p.grad.detach().to(torch.float64).numpy().copy())
+                      for n, p, kind in named if kind in GRADIENTS},
+            "not_none": [n for n, p, kind in named if kind == "none" and p.grad is not None],
+            "bytes_sent": _number(getattr(compressor, "bytes_sent", None)),
+            "total_bytes": _number(getattr(compressor, "total_bytes", None)),
+            "errors": _table(getattr(compressor, "errors", None)),
+            "qs": _table(getattr(compressor, "qs", None))}
+
+
+def _number(value):
+    """An int or float (from a Python, numpy or one-element torch number), else its repr."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    return float(value) if isinstance(value, numbers.Real) else repr(value)[:80]
+
+
+def _table(table):
+    """A dict of tensors as plain data: ``{key: {"dtype", "value"} or {"type"}}``."""
+    if not isinstance(table, dict):
+        return {"type": _kind(table)}
+    out = {}
+    for key, value in table.items():
+        key = key if isinstance(key, int) else repr(key)[:60]
+        out[key] = ({"dtype": _dtype(value),
+                     "value": value.detach().to(torch.float64).numpy().copy()}
+                    if isinstance(value, torch.Tensor) else {"type": _kind(value)})
+    return out
+
+
+def _reduce(compressor, named):
+    """``compressor.reduce()``; a crash on a parameter without a gradient says so."""
     try:
         compressor.reduce()
     except (AttributeError, TypeError) as exc:
         if "NoneType" not in str(exc):
             raise
-        raise type(exc)(f"{exc}. One parameter ({UNUSED[0]}, {UNUSED[1]}, an unused layer) "
-                        f"has p.grad None: reduce() must skip such parameters") from exc
+        none = [n for n, _, kind in named if kind == "none"]
+        raise type(exc)(f"{exc}. (If it comes from a gradient: some parameters "
+                        f"({', '.join(none)}: an unused layer) have p.grad None, and reduce() "
+                        f"must skip such parameters.)") from exc

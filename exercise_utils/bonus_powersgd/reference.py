@@ -1,92 +1,210 @@
-"""The reference of notebook 08's checks: the gradients, settings and cases the probe hands the
-student's code, and what PowerSGD must give on them.
+"""The reference of notebook 08's checks: the inputs the probe hands the student's code, and what
+the contract says the code must give on them.
 
-:func:`simulate` replays every rank of PowerSGD in one process in float64 (the paper's
-algorithm, with the same random Qs as the student's ``new_q``), optionally with one known
-mistake (``flaw``) so that the checker can name the mistake a result matches;
-:func:`exact_average` is what full rank must give; :func:`compression_rank` and
-:func:`expected_elements` say what is compressed and how many elements go to all_reduce.
-Shared by :mod:`.probes` (inside the ranks) and :mod:`.checks`.
+* ``orthogonalize``: :data:`ORTHO_CASES` (float32 and float64, one column, a zero column,
+  nearly parallel columns), each labelled with the check case it belongs to;
+* ``compression_rank``: :func:`rank_cases` (0 to 4 dimensions, ranks above min(n, m), rates at
+  and around the tie) and the reference :func:`compression_rank`;
+* ``PowerSGD``: :data:`SETTINGS` (rank, rate, warm start, dtype, model), each over
+  :func:`layout` (a synthetic CNN's parameters, or EdgeNet's: frozen, unused, tied, transposed,
+  0-d, and a channels_last conv weight), with the gradients of :func:`gradient`; :func:`simulate` replays every rank of PowerSGD
+  in one process in float64 (the paper's algorithm, the same random Qs as the student's
+  ``new_q``), optionally with one known mistake (``flaw``) so that the checker can name it.
+
+Shared by :mod:`.probes` (inside the ranks) and the checks.
 
 Used in 08_bonus_powersgd.
 """
+import functools
+import random
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
-# name -> shape of the "gradients" (as in a small CNN). As matrices: conv (6, 18), fc1 (10, 24),
-# thin (3, 2): compressed at rank 1 only, row (1, 12): never saves, fc2 (4, 10).
-SHAPES = {"conv.weight": (6, 2, 3, 3), "conv.bias": (6,), "fc1.weight": (10, 24),
-          "fc1.bias": (10,), "thin.weight": (3, 2), "row.weight": (1, 12),
-          "fc2.weight": (4, 10), "fc2.bias": (4,)}
+STEPS = 4                    # reduce() calls per setting
+SEED = 7                     # PowerSGD(seed=...) in the probe and in the replay
+
+# ---------------------------------------------------------------- orthogonalize
+# (case, shape, dtype, special): special None, "parallel" (column 1 nearly parallel to
+# column 0) or ("zero", j) (column j all zeros, as when the gradient is zero: P = M Q = 0)
+ORTHO_CASES = [
+    ("ortho-orthonormal", (20, 3), "float32", None), ("ortho-orthonormal", (5, 5), "float32", None),
+    ("ortho-orthonormal", (30, 2), "float32", "parallel"),
+    ("ortho-orthonormal", (12, 4), "float32", None),
+    ("ortho-one-column", (7, 1), "float32", None), ("ortho-one-column", (1, 1), "float32", None),
+    ("ortho-zero-column", (6, 3), "float32", ("zero", 1)),
+    ("ortho-zero-column", (5, 2), "float32", ("zero", 0)),
+    ("ortho-float64", (20, 3), "float64", None), ("ortho-float64", (30, 2), "float64", "parallel"),
+    ("ortho-float64", (6, 6), "float64", None), ("ortho-float64", (9, 1), "float64", None),
+]
 
 
-# a trainable matrix the probe puts among them whose grad stays None (an unused layer):
-# reduce() must skip it (it is never sent, no Q is drawn for it)
-UNUSED = ("unused.weight", (5, 8), 3)      # (name, shape, index in the parameter list)
+# float64 inputs are large, so that eps (1e-8, added to a column's norm) changes a unit column
+# by less than 1e-11: the checks hold float64 results to 1e-9, where float32 arithmetic fails
+SCALE = {"float32": 1.0, "float64": 1000.0}
 
 
-# name -> PowerSGD(..., rank, min_compression_rate, warm_start); "full": exact average expected
-CONFIGS = {"full": dict(rank=64, min_compression_rate=0.0, warm_start=False),
-           "rank1": dict(rank=1, min_compression_rate=1.0, warm_start=True),
-           "rank2": dict(rank=2, min_compression_rate=1.0, warm_start=True),
-           "rank2_cold": dict(rank=2, min_compression_rate=1.0, warm_start=False)}
+def ortho_input(k):
+    """The k-th matrix given to ``orthogonalize`` (:data:`ORTHO_CASES`)."""
+    _, shape, dtype, special = ORTHO_CASES[k]
+    p = torch.randn(shape, generator=torch.Generator().manual_seed(300 + k),
+                    dtype=getattr(torch, dtype))
+    if special == "parallel":
+        p[:, 1] = p[:, 0] + 1e-2 * p[:, 1]
+    elif special:
+        p[:, special[1]] = 0
+    return p * SCALE[dtype]
 
 
-STEPS = 4
-
-
-SEED = 7                     # PowerSGD(seed=...) in the probe and in the reference
-
-
-# (args, kwargs) of the student's compression_rank and orthogonalize calls in the probe
-RANK_CASES = [((10,), 1, 1.0), ((10,), 1, 0.5), ((10,), 4, 0.0), ((6, 2, 3, 3), 2, 1.0),
-              ((6, 2, 3, 3), 8, 1.0), ((3, 2), 1, 1.0), ((3, 2), 2, 1.0), ((1, 12), 1, 1.0),
-              ((4, 10), 8, 0.0), ((4, 10), 4, 1.0), ((4, 10), 2, 2.0), ((4, 10), 2, 1.0),
-              ((50, 320), 4, 1.0), ((20, 10, 5, 5), 4, 2.0),
-              ((4, 4), 2, 1.0), ((6, 2, 3, 3), 2, 2.25),    # ties: (n + m) r' rate == n m
-              ((), 1, 1.0)]                                  # a 0-d tensor (a scalar)
-
-
-ORTHO_SHAPES = [(20, 3), (5, 5), (7, 1), (30, 2), (6, 3)]
-ORTHO_ZERO_COLUMN = (4, 1)   # (input, column): an all-zero column (a zero gradient: P = M Q = 0)
+# ---------------------------------------------------------------- compression_rank
+RATES = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 2.25, 3.0)   # exact in binary: no rounding at a tie
+RANK_ORDER = ("rank-matrix", "rank-tie", "rank-rate", "rank-large", "rank-conv", "rank-1d",
+              "rank-scalar")
 
 
 def compression_rank(shape, rank, min_compression_rate=1.0):
     """The reference of the student's ``compression_rank`` (0: uncompressed)."""
     if len(shape) < 2:
         return 0
-    n, m = shape[0], int(np.prod(shape[1:]))
+    n, m = int(shape[0]), int(np.prod(shape[1:]))
     r = min(n, m, rank)
     return r if (n + m) * r * min_compression_rate < n * m else 0
 
 
-def gradient(name, step, rank):
-    """The gradient of ``name`` on ``rank`` at ``step`` (float32, standard normal entries)."""
-    seed = 1000 * step + 100 * rank + list(SHAPES).index(name)
-    return torch.randn(SHAPES[name], generator=torch.Generator().manual_seed(seed))
+def rank_case(shape, rank, rate):
+    """The check case of a call: the first way it differs from the baseline (a 2-D matrix,
+    rank <= min(n, m), rate 1, no tie): 0-d, 1-D, more dimensions, rank > min(n, m), another
+    rate, a tie."""
+    if len(shape) < 2:
+        return "rank-scalar" if not shape else "rank-1d"
+    if len(shape) > 2:
+        return "rank-conv"
+    n, m = shape
+    if rank > min(n, m):
+        return "rank-large"
+    if rate != 1.0:
+        return "rank-rate"
+    return "rank-tie" if (n + m) * rank == n * m else "rank-matrix"
 
 
-def ortho_input(k):
-    """The k-th matrix given to ``orthogonalize`` (input 3 has two nearly parallel columns,
-    input 4 a zero column: :data:`ORTHO_ZERO_COLUMN`)."""
-    p = torch.randn(ORTHO_SHAPES[k], generator=torch.Generator().manual_seed(300 + k))
-    if k == 3:
-        p[:, 1] = p[:, 0] + 1e-2 * p[:, 1]
-    if k == ORTHO_ZERO_COLUMN[0]:
-        p[:, ORTHO_ZERO_COLUMN[1]] = 0
-    return p
+def rank_cases():
+    """``[(case, shape, rank, rate)]`` for ``compression_rank``, in :data:`RANK_ORDER`: chosen
+    edges (``n + m r'`` against ``(n + m) r'``, ties at rates 1 and 2.25, rank above min(n, m)
+    with m < n, conv weights whose last dimension is not m, 1-D at rate 0, 0-d), then random
+    ones; each also asked as a plain tuple (case ``rank-tuple``, checked after these)."""
+    fixed = [((10, 24), 1, 1.0), ((10, 24), 2, 1.0), ((50, 320), 4, 1.0), ((5, 6), 3, 1.0),
+             ((5, 5), 2, 1.0), ((3, 2), 1, 1.0), ((1, 12), 1, 1.0), ((4, 10), 2, 1.0),
+             ((4, 10), 4, 1.0), ((24, 10), 2, 1.0),
+             ((4, 4), 2, 1.0), ((6, 12), 4, 1.0), ((10, 15), 6, 1.0),
+             ((4, 10), 2, 2.0), ((10, 24), 1, 0.5), ((3, 2), 1, 0.0), ((1, 12), 1, 0.5),
+             ((10, 24), 2, 3.0), ((10, 24), 1, 3.0), ((6, 18), 2, 2.25), ((4, 10), 1, 2.25),
+             ((4, 10), 8, 0.0), ((10, 3), 5, 0.5), ((12, 2), 4, 0.25), ((3, 3), 5, 0.25),
+             ((6, 2, 3, 3), 2, 1.0), ((6, 2, 3, 3), 4, 1.0), ((16, 3, 3, 3), 3, 1.0),
+             ((20, 10, 5, 5), 4, 2.0), ((8, 4, 3), 2, 1.0), ((6, 2, 3, 3), 2, 2.25),
+             ((10,), 1, 1.0), ((10,), 1, 0.5), ((10,), 4, 0.0), ((1,), 1, 0.0), ((300,), 2, 0.25),
+             ((), 1, 1.0), ((), 3, 0.0)]
+    rng = random.Random(8)
+    for _ in range(60):
+        shape = tuple(rng.randint(1, 40) for _ in range(rng.choice((0, 1, 2, 2, 2, 3, 4))))
+        fixed.append((shape, rng.randint(1, 12), rng.choice(RATES)))
+    cases = [(rank_case(*c), *c) for c in fixed]
+    return sorted(cases, key=lambda c: RANK_ORDER.index(c[0]))
 
 
-def expected_elements(config, one_d_compressed=False, no_saving_rule=False):
+# ---------------------------------------------------------------- PowerSGD
+class Setting(NamedTuple):
+    """One way of building ``PowerSGD`` in the probe, and the check case it belongs to."""
+    case: str
+    model: str               # "synthetic" or "edgenet" (:func:`layout`)
+    dtype: str
+    rank: int
+    rate: float              # min_compression_rate
+    warm: bool               # warm_start
+
+
+# the baseline first (case psgd-values: its failures are charged to the clause they break),
+# then one dimension changed at a time
+SETTINGS = {
+    "rank2": Setting("psgd-values", "synthetic", "float32", 2, 1.0, True),
+    "rank1": Setting("psgd-values", "synthetic", "float32", 1, 1.0, True),
+    "cold": Setting("psgd-cold", "synthetic", "float32", 2, 1.0, False),
+    "rate2": Setting("psgd-rate", "synthetic", "float32", 1, 2.0, True),
+    "full": Setting("psgd-full-rank", "synthetic", "float32", 64, 0.0, False),
+    "float64": Setting("psgd-float64", "synthetic", "float64", 2, 1.0, True),
+    "edgenet": Setting("psgd-model", "edgenet", "float32", 2, 1.0, True),
+}
+
+# (name, shape, kind): kind "grad", "none" (trainable, its grad stays None: an unused layer),
+# "frozen" (requires_grad=False). As matrices: conv (6, 18), fc1 (10, 24), thin (3, 2):
+# compressed at rank 1 only (at rate 1), row (1, 12): never saves, fc2 (4, 10).
+SYNTHETIC = [("conv.weight", (6, 2, 3, 3), "grad"), ("frozen", (3,), "frozen"),
+             ("conv.bias", (6,), "grad"), ("fc1.weight", (10, 24), "grad"),
+             ("unused.weight", (5, 8), "none"), ("unused.bias", (5,), "none"),
+             ("fc1.bias", (10,), "grad"), ("thin.weight", (3, 2), "grad"),
+             ("row.weight", (1, 12), "grad"), ("fc2.weight", (4, 10), "grad"),
+             ("fc2.bias", (4,), "grad")]
+
+
+def edge_model(dtype="float32"):
+    """:class:`~exercise_utils.models.EdgeNet` (its values do not matter: only its parameters'
+    names, shapes, layout and flags do)."""
+    from ..models import EdgeNet
+    return EdgeNet(dtype=getattr(torch, dtype))
+
+
+GRADIENTS = ("grad", "transposed", "channels_last")   # the kinds that get a gradient
+CONV = ("conv.weight", (6, 2, 3, 3), "channels_last")  # after EdgeNet's: view(n, -1) fails on it
+
+
+@functools.lru_cache(maxsize=None)
+def layout(model):
+    """``[(name, shape, kind)]`` of the parameters PowerSGD gets, in order; kind "grad",
+    "none", "frozen", "transposed" (a 2-D gradient stored transposed) or "channels_last" (a
+    conv weight's gradient in channels_last memory: neither is contiguous). "edgenet": EdgeNet's
+    parameters, then a channels_last conv weight (:data:`CONV`)."""
+    if model == "synthetic":
+        return tuple(SYNTHETIC)
+    out = []
+    for name, p in edge_model().named_parameters():      # the tied weight once
+        kind = ("frozen" if not p.requires_grad else "none" if name.startswith("unused.") else
+                "transposed" if not p.is_contiguous() else "grad")
+        out.append((name, tuple(p.shape), kind))
+    return tuple(out) + (CONV,)
+
+
+def trainable(model):
+    """``[(k, name, shape, kind)]`` of ``self.params`` (the layout without frozen parameters;
+    its position is the index of a parameter's state), k the position in the layout."""
+    return [(k, *e) for k, e in enumerate(layout(model)) if e[2] != "frozen"]
+
+
+def gradient(setting, k, step, rank):
+    """The gradient of the k-th parameter of the setting's layout on ``rank`` at ``step``
+    (normal in the setting's dtype, times :data:`SCALE`; in the memory layout of its kind)."""
+    _, shape, kind = layout(setting.model)[k]
+    gen = torch.Generator().manual_seed(1000 * step + 100 * rank + k)
+    dtype = getattr(torch, setting.dtype)
+    g = torch.randn(shape[::-1] if kind == "transposed" else shape, generator=gen, dtype=dtype)
+    if kind == "transposed":
+        g = g.t()
+    elif kind == "channels_last":
+        g = g.contiguous(memory_format=torch.channels_last)
+    return g * SCALE[setting.dtype]
+
+
+def expected_elements(name, one_d_compressed=False, no_saving_rule=False):
     """Elements all-reduced per step: (uncompressed, [(n + m) * r' per compressed])."""
-    cfg, plain, comp = CONFIGS[config], 0, []
-    for shape in SHAPES.values():
-        r = compression_rank(shape, cfg["rank"], cfg["min_compression_rate"])
-        n, m = shape[0], int(np.prod(shape[1:]))
+    s, plain, comp = SETTINGS[name], 0, []
+    for _, _, shape, kind in trainable(s.model):
+        if kind == "none":
+            continue
+        r = compression_rank(shape, s.rank, s.rate)
+        n, m = (shape[0], int(np.prod(shape[1:]))) if shape else (1, 1)
         if one_d_compressed and len(shape) == 1:
-            r = 1 if (n + 1) * cfg["min_compression_rate"] < n else 0
+            r = 1 if (n + 1) * s.rate < n else 0
         if no_saving_rule and len(shape) >= 2:
-            r = min(n, m, cfg["rank"])
+            r = min(n, m, s.rank)
         if r:
             comp.append((n + m) * r)
         else:
@@ -97,50 +215,52 @@ def expected_elements(config, one_d_compressed=False, no_saving_rule=False):
 def _orth(p, flaw):
     if flaw == "no_orthogonalization":
         return p
-    q, r = torch.linalg.qr(p)
-    return q * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, torch.ones(1))
+    q, r = np.linalg.qr(p)
+    d = np.sign(np.diagonal(r))
+    return q * np.where(d == 0, 1.0, d)
 
 
-def simulate(config, size, flaw=None):
-    """PowerSGD on ``size`` ranks in one process (float64); the gradients every rank holds.
+def simulate(name, size, flaw=None):
+    """PowerSGD on ``size`` ranks in one process (float64, numpy: tiny matrices).
 
     Args:
-        config: a key of :data:`CONFIGS`.
+        name: a key of :data:`SETTINGS`.
         size: world size.
         flaw: None, or one mistake: "no_error_feedback", "no_orthogonalization",
             "q_not_averaged", "no_warm_start" (a fresh Q every step), "always_warm"
             (warm start although warm_start=False).
     Returns:
-        list over steps of ``{name: averaged gradient (numpy)}`` (the same on every rank).
+        list over steps of ``{"grads": {name: averaged gradient}, "errors": {i: [M - approx
+        per rank]}, "qs": {i: Q}, "scale": {i: max |M| over ranks}, "compressed": {i: (name,
+        n, m, r')}}`` (numpy arrays; i the index in ``self.params``).
     """
-    cfg = CONFIGS[config]
+    s = SETTINGS[name]
     gen = torch.Generator().manual_seed(SEED)
     errors, qs, out = {}, {}, []
-    warm = cfg["warm_start"]
-    warm = False if flaw == "no_warm_start" else True if flaw == "always_warm" else warm
+    warm = False if flaw == "no_warm_start" else True if flaw == "always_warm" else s.warm
     for step in range(STEPS):
-        grads = {name: [gradient(name, step, r).double() for r in range(size)] for name in SHAPES}
-        result = {}
-        for name, shape in SHAPES.items():
-            r = compression_rank(shape, cfg["rank"], cfg["min_compression_rate"])
-            if not r:
-                result[name] = (sum(grads[name]) / size).numpy()
+        res = {"grads": {}, "errors": {}, "qs": {}, "scale": {}, "compressed": {}}
+        for i, (k, pname, shape, kind) in enumerate(trainable(s.model)):
+            if kind == "none":
                 continue
-            ms = [g.reshape(shape[0], -1) + (errors[name][w] if name in errors and
+            grads = [gradient(s, k, step, w).double().numpy() for w in range(size)]
+            r = compression_rank(shape, s.rank, s.rate)
+            if not r:
+                res["grads"][pname] = sum(grads) / size
+                continue
+            ms = [g.reshape(shape[0], -1) + (errors[i][w] if i in errors and
                                               flaw != "no_error_feedback" else 0)
-                  for w, g in enumerate(grads[name])]
-            if not warm or name not in qs:
-                qs[name] = torch.randn(ms[0].shape[1], r, generator=gen).double()
-            p = _orth(sum(m @ qs[name] for m in ms), flaw)
+                  for w, g in enumerate(grads)]
+            if not warm or i not in qs:
+                qs[i] = torch.randn(ms[0].shape[1], r, generator=gen).double().numpy()
+            p = _orth(sum(m @ qs[i] for m in ms), flaw)
             q = sum(m.T @ p for m in ms) / (1 if flaw == "q_not_averaged" else size)
             approx = p @ q.T
-            errors[name], qs[name] = [m - approx for m in ms], q
-            result[name] = approx.reshape(shape).numpy()
-        out.append(result)
+            errors[i], qs[i] = [m - approx for m in ms], q
+            res["grads"][pname] = approx.reshape(shape)
+            res["errors"][i] = errors[i]
+            res["qs"][i] = q
+            res["scale"][i] = max(float(np.abs(m).max()) for m in ms)
+            res["compressed"][i] = (pname, *ms[0].shape, r)
+        out.append(res)
     return out
-
-
-def exact_average(size):
-    """Per step, ``{name: the exact average over ranks}``."""
-    return [{name: (sum(gradient(name, step, r).double() for r in range(size)) / size).numpy()
-             for name in SHAPES} for step in range(STEPS)]

@@ -145,7 +145,7 @@ class PowerSGD:
                 m = p.grad.reshape(p.grad.shape[0], -1)
                 m = m + self.errors[i] if i in self.errors else m.clone()
                 if not self.warm_start or i not in self.qs:
-                    self.qs[i] = self.new_q(m.shape[1], r)
+                    self.qs[i] = self.new_q(m.shape[1], r).to(m.dtype)
                 ms.append(m)
                 ps.append(m @ self.qs[i])
             flat_p = torch.cat([p.reshape(-1) for p in ps])

@@ -133,7 +133,7 @@ class PowerSGD:
                 p.grad.add_(self.errors[i].view_as(p.grad))
             M = p.grad.reshape(p.grad.shape[0], -1)
             if not self.warm_start or i not in self.qs:
-                self.qs[i] = self.new_q(M.shape[1], r)
+                self.qs[i] = self.new_q(M.shape[1], r).to(M.dtype)
             P = M @ self.qs[i]
             dist.all_reduce(P)
             self.bytes_sent += P.numel() * P.element_size()

@@ -141,7 +141,7 @@ class PowerSGD:
             for i, (p, r) in todo.items():
                 M[i] = p.grad.reshape(p.shape[0], -1) + self.errors.get(i, 0)
                 if i not in self.qs or not self.warm_start:
-                    self.qs[i] = self.new_q(M[i].shape[1], r)
+                    self.qs[i] = self.new_q(M[i].shape[1], r).type_as(M[i])   # float64 too
             P = {i: M[i] @ self.qs[i] for i in todo}
             flat = torch.cat([P[i].view(-1) for i in todo])
             dist.all_reduce(flat)
