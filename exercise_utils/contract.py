@@ -27,6 +27,8 @@ class CheckFailure(AssertionError):
     def __init__(self, message, case=None):
         super().__init__(message)
         self.case = case
+        self.__suppress_context__ = True     # raised while handling another error: the
+        #                                      student reads this message, not a chain
 
 
 def fail(case, message):
