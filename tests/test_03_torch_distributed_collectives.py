@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exercise_utils.torch_distributed_collectives import (bench, checks, checks_ring, demos,
-                                                         probes, probes_ring, train)
+                                                         probes, probes_batchnorm, probes_ring,
+                                                         train)
 from exercise_utils.torch_distributed_collectives import experiments as de
 from exercise_utils import cluster
 from exercise_utils.harness import run_ranks
@@ -282,13 +283,13 @@ def test_the_sweeps_reach_every_edge_the_contract_names():
         avg = {c[0]: c for c in probes.avg_cases(size)}
         assert avg["avg-model"][1] == "edge" and avg["avg-float64"][2] == "float64"
         assert any(0 in s for s in avg["avg-empty-rank"][3])
-        bn = probes.bn_cases(size)
+        bn = probes_batchnorm.bn_cases(size)
         assert {len(c["spatial"]) for c in bn} == {0, 1, 2}
         assert {c["momentum"] for c in bn} >= {None, 0.1, 0.3}
         assert any(0 in c["sizes"] for c in bn) and any(c.get("near_constant") for c in bn)
         assert any(c["dtype"] == "float64" for c in bn) and any(not c.get("affine", 1) for c in bn)
     assert [0, 2] in probes.AVG_GROUPS[3]
-    assert any([0, 2] in c.get("group", []) for c in probes.bn_cases(3))
+    assert any([0, 2] in c.get("group", []) for c in probes_batchnorm.bn_cases(3))
 
 
 # ------------------------------------------------ runner, seed experiments, hang

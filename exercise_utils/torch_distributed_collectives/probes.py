@@ -1,21 +1,21 @@
-"""What runs inside the processes that notebook 03's checkers start, and the inputs they share.
+"""What runs inside the processes that notebook 03's partition and averaging checkers start,
+and the inputs they share.
 
 Each ``probe_*(student, ctx, ...)`` is called by :func:`exercise_utils.harness.run_ranks` in a
 fresh process (gloo, or independent processes for the partitions) with the imported student
 module; it gives every rank its own global random state (ranks must not depend on it), calls
-the student's code on fixed inputs and returns what came out. The verdicts are in
-:mod:`.checks`; the ring all-reduce's probe is :mod:`.probes_ring`.
+the student's code on every case (each charged to its check case with ``ctx.case``) and
+returns what came out. The verdicts are in :mod:`.checks`; the ring all-reduce's probe is
+:mod:`.probes_ring`, the SyncBatchNorm's :mod:`.probes_batchnorm`.
 
 Used in 03_torch_distributed_collectives.
 """
-import gc
 import numbers
 import random
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..harness import state_arrays
 from ..models import EdgeNet, FrozenTiedNet
@@ -287,114 +287,3 @@ def probe_average_gradients(student, ctx):
                                average)
         out.append({"grads": first, "state": state})
     return out
-
-
-# ---------------------------------------------------------------- SyncBatchNorm
-BN_STEPS = 2
-
-
-def bn_cases(size):
-    """The layers and inputs tried with ``size`` ranks (one launch), each a dict: ``case``,
-    ``channels``, ``spatial`` (the dimensions after C: none, (L,) or (H, W)), local batch
-    ``sizes``, ``momentum``, ``dtype``, and optionally ``affine``/``track`` (False),
-    ``near_constant`` (channel 0 with a spread of 3e-3: its variance is about eps) and
-    ``group`` (the process groups the ranks are split into). The baseline first, then one
-    dimension changed at a time."""
-    sizes = {2: [6, 2], 3: [2, 7, 3]}[size]
-    base = dict(case="bn-output", channels=4, spatial=(), sizes=sizes, momentum=0.1,
-                dtype="float32")
-    changes = [dict(case="bn-spatial", spatial=(5,)), dict(case="bn-spatial", spatial=(2, 3)),
-               dict(case="bn-momentum", momentum=None), dict(case="bn-momentum", momentum=0.3),
-               dict(case="bn-eps", near_constant=True),
-               dict(case="bn-empty-rank", sizes=[0, 5] if size == 2 else [3, 0, 4]),
-               dict(case="bn-no-stats", affine=False, track=False),
-               dict(case="bn-float64", dtype="float64")]   # after eps: its tolerance is tight
-    if size == 3:
-        changes.append(dict(case="bn-group", sizes=[3, 5, 2], group=[[0, 2], [1]]))
-    return [base] + [dict(base, **change) for change in changes]
-
-
-def bn_layer(case):
-    torch.manual_seed(0)
-    cls = nn.BatchNorm2d if len(case["spatial"]) == 2 else nn.BatchNorm1d
-    bn = cls(case["channels"], momentum=case["momentum"], affine=case.get("affine", True),
-             track_running_stats=case.get("track", True))
-    if bn.affine:
-        with torch.no_grad():
-            bn.weight.uniform_(0.5, 1.5)
-            bn.bias.normal_()
-    return bn.to(getattr(torch, case["dtype"]))
-
-
-def bn_data(case):
-    """Per step: the global input (channels with different scales and offsets; with
-    ``near_constant``, channel 0 spread by 3e-3 around 0) and the loss weights; the loss is
-    sum(output * weights). Plus an eval-mode input."""
-    g = torch.Generator().manual_seed(99)
-    dtype = getattr(torch, case["dtype"])
-    c, shape = case["channels"], (sum(case["sizes"]), case["channels"], *case["spatial"])
-    view = (1, c) + (1,) * len(case["spatial"])
-    scale, offset = torch.rand(c, generator=g) * 2.5 + 0.5, torch.randn(c, generator=g) * 2
-    if case.get("near_constant"):
-        scale[0], offset[0] = 3e-3, 0.0
-    make = lambda: (torch.randn(shape, generator=g, dtype=torch.float64) * scale.view(view)
-                    + offset.view(view)).to(dtype)
-    return [(make(), torch.randn(shape, generator=g, dtype=dtype)) for _ in range(BN_STEPS)], make()
-
-
-def bn_rows(sizes, ranks):
-    """The rows of the global batch that ``ranks`` hold (in this order), as an index."""
-    return torch.cat([torch.arange(sum(sizes[:r]), sum(sizes[:r + 1])) for r in ranks])
-
-
-def bn_run(layer, steps, x_eval, part=slice(None)):
-    """Training steps (output, input gradient, parameter gradients), then the buffers and the
-    eval-mode output on this rank's rows ``part``."""
-    out = {"y": [], "dx": [], "dweight": [], "dbias": []}
-    layer.train()
-    for x, w in steps:
-        x = x[part].clone().requires_grad_()
-        y = layer(x)
-        (y * w[part]).sum().backward()
-        out["y"].append(y.detach().numpy().copy())
-        out["dx"].append((x.grad if x.grad is not None else torch.zeros_like(x)).numpy().copy())
-        if layer.affine:
-            for name in ("weight", "bias"):
-                grad = getattr(layer, name).grad
-                grad = torch.zeros_like(getattr(layer, name)) if grad is None else grad
-                out[f"d{name}"].append(grad.detach().numpy().copy())
-            layer.weight.grad = layer.bias.grad = None
-    out["buffers"] = {k: v.numpy().copy() for k, v in layer.named_buffers()}
-    layer.eval()
-    with torch.no_grad():
-        out["eval"] = layer(x_eval[part]).numpy().copy()
-    return out
-
-
-def probe_sync_batchnorm(student, ctx):
-    """Every case of :func:`bn_cases`: the student's layer (from ``convert_batchnorm``) on this
-    rank's rows; a case with ``group`` passes the process group this rank belongs to."""
-    results = []
-    for case in bn_cases(ctx.size):
-        ctx.case(case["case"])
-        model = nn.Sequential(bn_layer(case))
-        if case.get("group"):
-            group = _my_group(ctx, case["group"])
-            mine = next(g for g in case["group"] if ctx.rank in g)
-            layer = student.convert_batchnorm(model, group)[0]
-        else:
-            mine = list(range(ctx.size))
-            layer = student.convert_batchnorm(model)[0]
-        layer.to(getattr(torch, case["dtype"]))      # convert_batchnorm builds float32 layers
-        _seed_everything(1000 + ctx.rank)
-        steps, x_eval = bn_data(case)
-        sizes = case["sizes"]
-        part = slice(sum(sizes[:ctx.rank]), sum(sizes[:ctx.rank + 1]))
-        out = bn_run(layer, steps, x_eval, part)
-        out["is_student_class"] = isinstance(layer, student.DistributedBatchNorm)
-        out["group"] = mine
-        results.append(out)
-    # Autograd graphs that hold the process group can sit in reference cycles; if the garbage
-    # collector frees them only at interpreter exit, gloo aborts ("terminate called ...").
-    gc.collect()
-    return results
