@@ -1,15 +1,21 @@
-"""Notebook 05 (DDP under torchrun, snapshots, restarts): the checkers of the torchrun Trainer
-against the known-wrong files, the fault injection and helpers of runner.py, and the whole
+"""Notebook 05 (DDP under torchrun, snapshots, restarts): the simulated GPU paths, the judge's
+step count and digests (Hypothesis), the checks' torchrun agent against workers that crash with
+an exit code and with a signal, the fault injection and helpers of runner.py, and the whole
 notebook autograded as the solution and as the blank release (which also proves that both
-checkers accept the solution and say "not implemented yet" for the blank)."""
+checkers accept the solution and say "not implemented yet" for the blank). The checks against
+the known-wrong and right files: ``tests/test_checks.py``."""
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from exercise_utils import cluster, launch
-from exercise_utils.ddp_torchrun_fault_tolerance import checks, node_failure, runner
+from exercise_utils.ddp_torchrun_fault_tolerance import (checks, digests, jobs, node_failure,
+                                                         runner, simulate)
 from exercise_utils.ddp_torchrun_fault_tolerance import join as ddp_join
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 from grading import autograde_solution_and_blank
@@ -17,13 +23,8 @@ from grading import autograde_solution_and_blank
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "05_ddp_torchrun_fault_tolerance"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
-RIGHT = ROOT / "tests" / "right"
 POINTS = 8
 CHECKERS = {"trainer": checks.check_trainer, "snapshots": checks.check_snapshots}
-
-
-def exercise_of(stem):
-    return next(name for name in CHECKERS if stem[3:].startswith(name))
 
 
 @pytest.fixture(scope="module")
@@ -35,60 +36,110 @@ def test_solution_writes_the_trainer_file():
     assert {Path(p).name for p in writefile_cells(SOLUTION)} == {"05_trainer.py"}
 
 
-def _simulated_setup(tmp_path, source):
-    """The check of ``ddp_setup`` on ``source`` (a trainer file's text), simulated in this
-    process as a torchrun worker's rank 0 does it: no launch, no process group."""
-    import importlib.util
-    from exercise_utils.ddp_torchrun_fault_tolerance import probes
-    path = tmp_path / f"trainer_{len(list(tmp_path.iterdir()))}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = runner.parse_args(checks.RUN)
-    setup = {"cuda": probes.simulate_setup(module, config, True),
-             "cpu": probes.simulate_setup(module, config, False)}
-    checks._check_setup({"rank0_attempt0": {"setup": setup}})
+def test_the_solution_passes_the_simulated_gpu_paths(solution_file):
+    """ddp_setup and Trainer(...) on cuda:1, simulated in this process as rank 0 of a checked
+    job does it (no launch, no group, no GPU); the checker's verdict on what was recorded."""
+    from exercise_utils.rankworker import load_student
+    student = load_student(solution_file)
+    config = runner.parse_args(jobs.RUN + ["--snapshot", "absent.pt"])
+    setup = {"cuda": simulate.simulate_setup(student, config, True),
+             "cpu": simulate.simulate_setup(student, config, False)}
+    assert setup["cuda"]["returned"] == [3, 1, 4, "cuda:1"] and setup["cuda"]["set_device"] == ["1"]
+    checks._check_setup(setup)
+    init = simulate.simulate_init(student, config)
+    assert init == {"moved": ["cuda:1"], "ddp": [["1"]], "sampler": [4, 3]}
+    checks._check_init(init)
+    with pytest.raises(AssertionError, match="device_ids=\\['0'\\]"):
+        checks._check_init({**init, "ddp": [["0"]]})
+    with pytest.raises(AssertionError, match="= \\(2, 1\\); expected \\(4, 3\\)"):
+        checks._check_init({**init, "sampler": [2, 1]})
 
 
-@pytest.mark.parametrize("old, new, message", [
-    ('torch.device("cuda", local_rank)', 'torch.device("cuda", rank)',
-     "returned [3, 1, 4, 'cuda:3']; expected (rank, local_rank, world_size, device) = "
-     "(3, 1, 4, 'cuda:1')"),
-    ("        torch.cuda.set_device(local_rank)\n", "",
-     "called torch.cuda.set_device with nothing; expected LOCAL_RANK (1)"),
-    ('"nccl", torch.device', '"gloo", torch.device', "chose the backend 'gloo'; expected 'nccl'"),
-    ('rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])',
-     'rank = local_rank = int(os.environ["LOCAL_RANK"])', "returned [1, 1, 4, 'cuda:1']"),
-])
-def test_setup_check_names_gpu_mistakes(tmp_path, solution_file, old, new, message):
-    """The GPU half of ddp_setup's requirement (its other half, the timeout, has the wrong file
-    05_trainer_no_timeout), checked on a CPU: NCCL, cuda:LOCAL_RANK, set_device, RANK."""
-    source = Path(solution_file).read_text()
-    _simulated_setup(tmp_path, source)                    # the solution passes
-    assert source.count(old) == 1
-    with pytest.raises(AssertionError) as err:
-        _simulated_setup(tmp_path, source.replace(old, new))
-    assert message in str(err.value)
-    assert "on a machine with CUDA (simulated" in str(err.value)
+@settings(max_examples=200, deadline=None)
+@given(train=st.integers(1, 300), workers=st.integers(1, 5), batch=st.integers(1, 40))
+def test_steps_per_epoch_is_what_a_distributed_sampler_gives(train, workers, batch):
+    """The judge's step count equals the batches a DataLoader over a DistributedSampler yields on
+    every rank (padding included), for any data size, world size and batch size."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    data = TensorDataset(torch.arange(train))
+    for rank in range(workers):
+        sampler = DistributedSampler(data, num_replicas=workers, rank=rank, shuffle=True)
+        assert len(DataLoader(data, batch_size=batch, sampler=sampler)) == \
+            jobs.steps_per_epoch(workers, train, batch)
 
 
-def test_resumed_check_names_a_load_without_map_location():
-    """The map_location half of load_snapshot's requirement (its other half has the wrong file
-    05_snapshots_scheduler_not_restored), without a launch."""
-    final = {"attempt": 1, "epochs_run": 3, "step": 24, "scheduler_steps": 24, "model": {}}
-    logs = {"rank0_attempt1": {"loads": [{"path": "snapshot.pt", "map_location": "None"}]}}
-    with pytest.raises(AssertionError, match="torch.load without map_location"):
-        checks._check_resumed(final, final, logs, "C")
-    logs["rank0_attempt1"]["loads"][0]["map_location"] = "cpu"
-    checks._check_resumed(final, final, logs, "C")
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=20),
+       where=st.integers(0, 19))
+def test_digests_tell_tensors_apart_by_value_dtype_and_shape(values, where):
+    x = torch.tensor(values, dtype=torch.float64)
+    assert digests.tensor_digest(x) == digests.tensor_digest(x.clone())
+    y = x.clone()
+    y[where % len(values)] += 1.0
+    assert digests.fingerprint(y) != digests.fingerprint(x)
+    assert digests.tensor_digest(x.float())[2] == "float32" != digests.tensor_digest(x)[2]
+    assert digests.fingerprint(x.reshape(1, -1)) != digests.fingerprint(x)
+    assert digests.fingerprint(torch.tensor(len(values))) == digests.fingerprint(
+        torch.tensor(len(values)))                       # 0-d int64 (BatchNorm's counter)
 
 
-def test_rng_container_is_any_one_entry_per_rank():
-    from exercise_utils.ddp_torchrun_fault_tolerance.checks import _one_entry_per_rank
-    assert _one_entry_per_rank([1, 2], 2) and _one_entry_per_rank({1: "b", 0: "a"}, 2)
-    assert not _one_entry_per_rank([1], 2) and not _one_entry_per_rank({"0": 1, "1": 2}, 2)
-    assert not _one_entry_per_rank({0: 1, 1: 2, 2: 3}, 2) and not _one_entry_per_rank(None, 2)
+def test_the_sweeps_reach_every_edge_the_contract_names():
+    """World size 3 that does not divide the data (padding), float64 in the snapshot jobs, a
+    model with buffers (a 0-d int64 one), a frozen parameter, a tied weight and dropout, a
+    warm-up that lasts into epoch 2 (the scheduler's state matters after the epoch-1 snapshot),
+    a resume from a snapshot taken mid-run, a crash during a write, a simulated worker whose
+    RANK, LOCAL_RANK and GPU differ."""
+    from exercise_utils.ddp_torchrun_fault_tolerance import checks_snapshots
+    assert jobs.TRAIN % checks.WORKERS and checks.WORKERS == 3
+    assert "float64" in checks_snapshots.ARGS and "--crash-in-save" not in checks_snapshots.ARGS
+    model = runner.check_net()
+    buffers = dict(model.named_buffers())
+    assert buffers["bn.num_batches_tracked"].dtype == torch.int64
+    assert buffers["bn.num_batches_tracked"].dim() == 0
+    assert not model.frozen.requires_grad and model.mid.weight is model.back.weight
+    assert {"mid.weight", "back.weight"} <= set(model.state_dict())
+    assert len(list(model.parameters())) == len(model.state_dict()) - len(buffers) - 1  # tied
+    warmup = int(jobs.RUN[jobs.RUN.index("--warmup-steps") + 1])
+    assert jobs.steps_per_epoch(checks_snapshots.WORKERS) < warmup < jobs.EPOCHS * \
+        jobs.steps_per_epoch(checks_snapshots.WORKERS)
+    assert simulate.FAKE_RANK != simulate.FAKE_LOCAL != 0
+
+
+def test_agent_reports_the_first_failure_and_stops_the_others():
+    """The checks' torchrun agent meets workers that exit with a code and that are killed by a
+    signal: it names the first, stops the others (which would sleep for a minute), and reports
+    a clean attempt as such."""
+    import os
+    import signal
+    import time
+    from exercise_utils.ddp_torchrun_fault_tolerance import agent
+
+    def worker(failing, how):
+        def run(rank, nproc, attempt, restarts, port, argv):
+            if rank == failing:
+                time.sleep(0.3)
+                if how == "code":
+                    os._exit(3)
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(60 if how else 0)
+            os._exit(0)
+        return run
+    start = time.monotonic()
+    assert agent.run_attempt(3, 0, 0, [], target=worker(1, "code")) == (1, 3)
+    assert agent.run_attempt(2, 0, 0, [], target=worker(0, "signal")) == (0, -signal.SIGKILL)
+    assert time.monotonic() - start < 30
+    assert agent.run_attempt(2, 0, 0, [], target=worker(None, None)) is None
+    assert "killed by signal SIGKILL" in agent._describe(-9)
+
+
+def test_agent_prefixes_every_line_with_the_rank():
+    import io
+    from exercise_utils.ddp_torchrun_fault_tolerance import agent
+    out = io.StringIO()
+    stream = agent._Prefixed(out, 1)
+    stream.write("a\nb")
+    stream.write("c\n")
+    assert out.getvalue() == "[rank1]: a\n[rank1]: bc\n"
 
 
 def test_settings_and_attempt_counter(monkeypatch):

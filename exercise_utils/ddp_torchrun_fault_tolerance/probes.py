@@ -1,31 +1,42 @@
 """The worker side of notebook 05's checks: what every torchrun worker of a checked job runs.
 
-The checks (:mod:`.checks`) start ``work/05_trainer.py`` under torchrun through this module's
-entry point::
+The checks (:mod:`.checks`, :mod:`.checks_snapshots`) start ``work/05_trainer.py`` under
+torchrun through this module's entry point::
 
     python -m torch.distributed.run --nproc-per-node 2 \
         -m exercise_utils.ddp_torchrun_fault_tolerance.probes \
-        --student work/05_trainer.py --records DIR [trainer options ...]
+        --student work/05_trainer.py --records DIR [--simulate setup,init] [trainer options ...]
 
-Each worker imports the student file, records what it does (the sampler's epoch, seed and
-shard whenever an epoch's iteration starts, every ``torch.save`` / ``torch.load`` and on which
-rank) into ``DIR/rank{R}_attempt{A}.json``, then runs :func:`.runner.main` exactly as the
-student's own launch does. Before that, rank 0 of the first attempt calls the student's
-``ddp_setup`` twice more as worker 3 of 4 on a node of 2 (:func:`simulate_setup`: once with
-CUDA, once without; no process group is joined: ``init_process_group`` and
-``torch.cuda.set_device`` are recorded, not run), so that the GPU path is checked on a CPU.
+Each worker imports the student file and runs :func:`.runner.main` exactly as the student's own
+launch does, with the student's ``Trainer`` seen through a subclass that records, as plain data
+in ``DIR/rank{R}_attempt{A}.json`` (:class:`Log`):
+
+* the trainer's state whenever an epoch starts and whenever a snapshot is taken: counters,
+  scheduler, digests of the model (unwrapped, buffers included), of the optimizer's momentum
+  and of this rank's random states, the loader's batch size and sampler;
+* the DistributedSampler's epoch, seed and part whenever an iteration starts; every
+  ``torch.save`` / ``torch.load`` to a file, ``os.replace`` and ``os.rename`` the student's code
+  makes, and on which rank; the epoch lines each rank prints;
+* on rank 0, after each snapshot, a digest of what the snapshot file holds (and a copy of the
+  file, which the checks start a later job from);
+* what the student's code was doing (``phase``), to which a crash is charged;
+* on rank 0 of the first attempt, the GPU paths simulated on the CPU (:mod:`.simulate`).
 
 Used in 05_ddp_torchrun_fault_tolerance.
 """
+import argparse
 import json
 import os
+import re
+import shutil
 import sys
 from pathlib import Path
 
+from .digests import plain, snapshot_digest, trainer_state
+from .simulate import location, simulate_init, simulate_load, simulate_setup
 
-def _record_path(folder):
-    rank, attempt = os.environ.get("RANK", "0"), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return Path(folder) / f"rank{rank}_attempt{attempt}.json"
+_REPLACE = os.replace               # the real one: the records themselves are written with it
+EPOCH_LINE = re.compile(r"^epoch \d+/\d+: training loss")
 
 
 def beat_folder(records):
@@ -33,115 +44,163 @@ def beat_folder(records):
     return Path(f"{records}.beats")
 
 
-FAKE_ENV = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
-            "GROUP_RANK": "1"}         # worker 3 of 4, the second on the second node
+class Log(dict):
+    """One rank's records of one attempt; :meth:`flush` writes them (atomically) as JSON."""
+
+    def __init__(self, folder, rank, attempt, beat):
+        super().__init__(rank=rank, attempt=attempt, phase="start", sim={}, set_epoch=[],
+                         iterated=[], samplers=[], saves=[], replaces=[], loads=[], epochs=[],
+                         save_states=[], snapshots=[], logged=0, finished=False)
+        self.path, self.beat = Path(folder) / f"rank{rank}_attempt{attempt}.json", beat
+
+    def flush(self):
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self))
+        _REPLACE(tmp, self.path)
+
+    def enter(self, phase):
+        """The student's code now runs ``phase`` ("setup", "init", "load", "epoch", "save");
+        returns the phase it leaves."""
+        left, self["phase"] = self["phase"], phase
+        self.beat.case = phase
+        self.flush()
+        return left
 
 
-def simulate_setup(student, config, cuda):
-    """Call ``student.ddp_setup(config)`` as the worker of :data:`FAKE_ENV`, on a machine with
-    (``cuda=True``) or without CUDA, without joining a process group.
-
-    Returns:
-        dict: "init" (the ``init_process_group`` calls: backend, timeout in seconds or None),
-        "set_device" (the arguments of ``torch.cuda.set_device``, as strings), "returned"
-        (what ``ddp_setup`` returned, device as a string), or "error" (what it raised).
-    """
-    import inspect
-    import torch
-    import torch.distributed as dist
-    real_init = dist.init_process_group
-    calls = {"init": [], "set_device": []}
-
-    def init(*args, **kwargs):
-        bound = inspect.signature(real_init).bind_partial(*args, **kwargs).arguments
-        timeout = bound.get("timeout")
-        calls["init"].append({"backend": None if bound.get("backend") is None
-                              else str(bound["backend"]).lower(),
-                              "timeout": getattr(timeout, "total_seconds", lambda: None)()})
-    fake = {(torch.cuda, "is_available"): lambda: cuda,
-            (torch.cuda, "device_count"): lambda: 2 if cuda else 0,
-            (torch.cuda, "set_device"): lambda d: calls["set_device"].append(str(d)),
-            (dist, "init_process_group"): init,
-            (dist, "is_initialized"): lambda: bool(calls["init"]),
-            (dist, "get_rank"): lambda *a, **k: int(FAKE_ENV["RANK"]),
-            (dist, "get_world_size"): lambda *a, **k: int(FAKE_ENV["WORLD_SIZE"]),
-            (dist, "barrier"): lambda *a, **k: None}
-    saved_env = {k: os.environ.get(k) for k in FAKE_ENV}
-    saved = {key: getattr(*key) for key in fake}
-    names = {k: v for k, v in vars(student).items()
-             if any(v is old for old in saved.values())}      # from torch.distributed import ...
-    try:
-        os.environ.update(FAKE_ENV)
-        for (module, name), value in fake.items():
-            setattr(module, name, value)
-        for k, v in names.items():
-            setattr(student, k, next(fake[key] for key in fake if saved[key] is v))
-        try:
-            result = student.ddp_setup(config)
-        except Exception as exc:  # noqa: BLE001 - reported by the checker
-            return {"error": f"{type(exc).__name__}: {exc}"}
-    finally:
-        for (module, name), value in saved.items():
-            setattr(module, name, value)
-        for k, v in names.items():
-            setattr(student, k, v)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    if not (isinstance(result, tuple) and len(result) == 4):
-        return {**calls, "returned": repr(result)}
-    rank, local_rank, world_size, device = result
-    return {**calls, "returned": [_int(rank), _int(local_rank), _int(world_size), str(device)]}
-
-
-def _int(value):
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return repr(value)
-
-
-def _install_recorders(student, log, flush=lambda: None):
-    """Record set_epoch / iteration epochs of DistributedSampler, torch.save and torch.load
-    (to a path or to an open file on disk)."""
+# ------------------------------------------------------------------ recorders
+def _install_recorders(student, log):
+    """Record the student's torch.save / torch.load to files, os.replace and os.rename."""
     import torch
     from .runner import file_on_disk
     from torch.utils.data import DistributedSampler
     set_epoch, iterate = DistributedSampler.set_epoch, DistributedSampler.__iter__
-    save, load = torch.save, torch.load
+    originals = {"save": torch.save, "load": torch.load, "replace": os.replace,
+                 "rename": os.rename}
+    mine = student.__file__
+
+    def from_student():
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename == mine:
+                return True
+            frame = frame.f_back
+        return False
 
     def recorded_set_epoch(self, epoch):
-        log["set_epoch"].append(int(epoch))
+        log["set_epoch"].append(plain(epoch))
         return set_epoch(self, epoch)
 
     def recorded_iter(self):
-        log["iterated"].append(int(self.epoch))
-        log["samplers"].append({"seed": int(self.seed), "shuffle": bool(self.shuffle),
-                                "num_replicas": int(self.num_replicas), "rank": int(self.rank)})
+        log["iterated"].append(plain(self.epoch))
+        log["samplers"].append({"seed": plain(self.seed), "shuffle": bool(self.shuffle),
+                                "num_replicas": plain(self.num_replicas),
+                                "rank": plain(self.rank)})
+        log.flush()
         return iterate(self)
 
     def recorded_save(obj, f, *args, **kwargs):
         name = file_on_disk(f)                          # None: in-memory saves of tensors
-        if name is not None:
-            log["saves"].append(name)
-            flush()        # on disk now: a rank killed later (racing writers) still reports it
-        return save(obj, f, *args, **kwargs)
+        if name is not None and from_student():
+            log["saves"].append(os.path.abspath(name))
+            log.flush()    # on disk now: a rank killed later (racing writers) still reports it
+        return originals["save"](obj, f, *args, **kwargs)
 
     def recorded_load(f, *args, **kwargs):
         name = file_on_disk(f)                          # None: in-memory loads of tensors
-        if name is not None:
+        if name is not None and from_student():
             where = kwargs.get("map_location", args[0] if args else None)
-            log["loads"].append({"path": name, "map_location": str(where)})
-        return load(f, *args, **kwargs)
+            log["loads"].append({"path": os.path.abspath(name),
+                                 "map_location": location(where)})
+            log.flush()
+        return originals["load"](f, *args, **kwargs)
+
+    def moving(kind):
+        def recorded_move(src, dst, *args, **kwargs):
+            if from_student():
+                log["replaces"].append({"call": f"os.{kind}", "src": os.path.abspath(src),
+                                        "dst": os.path.abspath(dst)})
+                log.flush()
+            return originals[kind](src, dst, *args, **kwargs)
+        return recorded_move
     DistributedSampler.set_epoch, DistributedSampler.__iter__ = recorded_set_epoch, recorded_iter
     torch.save, torch.load = recorded_save, recorded_load
-    for key, value in list(vars(student).items()):      # names imported from torch
-        if value is save:
-            setattr(student, key, recorded_save)
-        elif value is load:
-            setattr(student, key, recorded_load)
+    os.replace, os.rename = moving("replace"), moving("rename")
+    late = {"save": lambda *a, **k: torch.save(*a, **k),     # names the student imported:
+            "load": lambda *a, **k: torch.load(*a, **k),     # they call what is installed
+            "replace": lambda *a, **k: os.replace(*a, **k),  # at the time (the fault
+            "rename": lambda *a, **k: os.rename(*a, **k)}    # injection, the simulations)
+    for key, value in list(vars(student).items()):
+        for kind, original in originals.items():
+            if value is original:
+                setattr(student, key, late[kind])
+    return originals
+
+
+def recording(trainer_class, log, copies, real_load):
+    """``trainer_class`` seen through a subclass that records (see the module docstring)."""
+    held = {}
+
+    class Recorded(trainer_class):
+        def __init__(self, model, train_set, optimizer, scheduler, *args, **kwargs):
+            held.update(optimizer=optimizer, scheduler=scheduler)
+            log.enter("init")
+            super().__init__(model, train_set, optimizer, scheduler, *args, **kwargs)
+
+        def load_snapshot(self, *args, **kwargs):
+            left = log.enter("load")
+            result = super().load_snapshot(*args, **kwargs)
+            log.enter(left)
+            return result
+
+        def run_epoch(self, epoch, *args, **kwargs):
+            log["epochs"].append({"epoch": plain(epoch), **self._state()})
+            log.enter("epoch")
+            return super().run_epoch(epoch, *args, **kwargs)
+
+        def save_snapshot(self, *args, **kwargs):
+            log["save_states"].append(self._state())
+            left = log.enter("save")
+            result = super().save_snapshot(*args, **kwargs)
+            path = self.config.snapshot
+            if self.rank == 0 and os.path.exists(path):
+                done = plain(getattr(self, "epochs_run", None))
+                log["snapshots"].append({"epochs_run": done, **snapshot_digest(
+                    real_load(path, map_location="cpu", weights_only=False))})
+                shutil.copyfile(path, Path(copies) / f"snapshot_after_{done}.pt")
+            log.enter(left)
+            return result
+
+        def _state(self):
+            try:
+                return trainer_state(self, held["optimizer"], held["scheduler"])
+            except Exception as exc:  # noqa: BLE001 - the checker says what is missing
+                return {"error": f"{type(exc).__name__}: {exc}"}
+    Recorded.__name__ = Recorded.__qualname__ = trainer_class.__name__
+    return Recorded
+
+
+class _EpochLines:
+    """sys.stdout, counting the lines that log an epoch (``rank 0 logs``)."""
+
+    def __init__(self, stream, log):
+        self.stream, self.log, self.partial = stream, log, ""
+
+    def write(self, text):
+        lines = (self.partial + text).split("\n")
+        self.partial = lines.pop()
+        self.log["logged"] += sum(bool(EPOCH_LINE.match(line)) for line in lines)
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def _options(argv):
+    parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    parser.add_argument("--student", required=True)
+    parser.add_argument("--records", required=True)
+    parser.add_argument("--simulate", default="")
+    return parser.parse_known_args(argv)
 
 
 def worker_main(argv=None):
@@ -149,24 +208,36 @@ def worker_main(argv=None):
     from .. import heartbeat
     from ..rankworker import load_student
     from . import runner
-    argv = list(sys.argv[1:] if argv is None else argv)
-    student_path, record_dir = argv[1], argv[3]          # --student PATH --records DIR ...
-    phase = heartbeat.start(beat_folder(record_dir), os.environ.get("RANK", "0"), student_path)
-    phase("import")
-    student = load_student(student_path)
-    phase("run")
-    log = {"set_epoch": [], "iterated": [], "samplers": [], "saves": [], "loads": []}
-    if os.environ.get("RANK") == "0" and runner.attempt() == 0:
-        config = runner.parse_args(argv[4:])
-        log["setup"] = {"cuda": simulate_setup(student, config, True),
-                        "cpu": simulate_setup(student, config, False)}
-    _install_recorders(student, log,
-                       lambda: _record_path(record_dir).write_text(json.dumps(log)))
+    opts, rest = _options(list(sys.argv[1:] if argv is None else argv))
+    rank, attempt = int(os.environ.get("RANK", "0")), runner.attempt()
+    beat = heartbeat.start(beat_folder(opts.records), rank, opts.student)
+    log = Log(opts.records, rank, attempt, beat)
     try:
-        runner.main(student.ddp_setup, student.Trainer, argv[4:])
+        beat("import")
+        student = load_student(opts.student)
+        beat("run")
+        config, simulate = runner.parse_args(rest), set(filter(None, opts.simulate.split(",")))
+        if rank == 0 and attempt == 0:
+            if "setup" in simulate:
+                log["sim"]["setup"] = {"cuda": simulate_setup(student, config, True),
+                                       "cpu": simulate_setup(student, config, False)}
+            if "init" in simulate:
+                log["sim"]["init"] = simulate_init(student, config)
+        originals = _install_recorders(student, log)
+        sys.stdout = _EpochLines(sys.stdout, log)
+
+        def setup(cfg):
+            log.enter("setup")
+            return student.ddp_setup(cfg)
+        runner.main(setup, recording(student.Trainer, log, opts.records, originals["load"]),
+                    rest)
+        log.enter("end")
+        log["finished"] = True
+        if rank == 0 and attempt == 0 and "load" in simulate:
+            log["sim"]["load"] = simulate_load(student, config)
     finally:
-        _record_path(record_dir).write_text(json.dumps(log))
-        phase.stop()
+        log.flush()
+        beat.stop()
 
 
 if __name__ == "__main__":

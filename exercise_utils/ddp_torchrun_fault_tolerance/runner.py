@@ -37,7 +37,9 @@ class RunConfig:
     train_size: int = quick(6000, 512)   # training examples shared by the workers
     epochs: int = 3
     batch_size: int = 32            # examples per worker and step
-    model: str = "cnn"              # "cnn" (DropoutNet) or "mlp" (small MLP with dropout)
+    model: str = "cnn"              # "cnn" (DropoutNet), "mlp" (small MLP with dropout) or
+    #                                 "check" (the checks' CheckNet: buffers, frozen, tied)
+    dtype: str = "float32"          # of the model and the inputs: "float32" or "float64"
     lr: float = 0.05                # learning rate (of the whole run; see warmup_steps)
     momentum: float = 0.9
     warmup_steps: int = 0           # linear warm-up from lr/10 to lr over this many steps
@@ -173,25 +175,59 @@ def loss_fn(output, target):
     return F.nll_loss(output, target)
 
 
-def make_model(name):
-    """The run's network: DropoutNet (the seed's CNN, written correctly) or a small MLP."""
+def make_model(name, dtype="float32"):
+    """The run's network: DropoutNet (the seed's CNN, written correctly), a small MLP, or the
+    checks' :func:`check_net`; its parameters and float buffers in ``dtype``."""
+    import torch
     import torch.nn as nn
     from ..models import DropoutNet
     if name == "cnn":
-        return DropoutNet()
-    if name == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Dropout(0.2),
-                             nn.Linear(32, 10), nn.LogSoftmax(dim=1))
-    raise ValueError(f"model must be 'cnn' or 'mlp', got {name!r}")
+        model = DropoutNet()
+    elif name == "mlp":
+        model = nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Dropout(0.2),
+                              nn.Linear(32, 10), nn.LogSoftmax(dim=1))
+    elif name == "check":
+        model = check_net()
+    else:
+        raise ValueError(f"model must be 'cnn', 'mlp' or 'check', got {name!r}")
+    return model.to(getattr(torch, dtype))
+
+
+def check_net():
+    """The model the checks train: what a snapshot must hold besides weights. Dropout (a random
+    state per rank), BatchNorm (running statistics and a 0-d int64 counter: buffers, not
+    parameters), a frozen parameter (no gradient, no momentum) and one weight shared by two
+    layers (``state_dict`` lists it under both names)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class CheckNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = nn.Linear(784, 24)
+            self.bn = nn.BatchNorm1d(24)
+            self.frozen = nn.Parameter(torch.linspace(0.5, 1.5, 24), requires_grad=False)
+            self.mid = nn.Linear(24, 24, bias=False)
+            self.back = nn.Linear(24, 24)
+            self.back.weight = self.mid.weight                       # tied
+            self.out = nn.Linear(24, 10)
+
+        def forward(self, x):
+            h = F.dropout(F.relu(self.bn(self.inp(x.flatten(1)))), 0.2, self.training)
+            h = self.back(torch.tanh(self.mid(h * self.frozen)))
+            return F.log_softmax(self.out(h), dim=1)
+    return CheckNet()
 
 
 def make_data(config, verbose=False):
-    """The training set as a TensorDataset (the same on every worker)."""
+    """The training set as a TensorDataset (the same on every worker), inputs in config.dtype."""
+    import torch
     from torch.utils.data import TensorDataset
     from ..data import load_dataset
     ds = load_dataset(config.data, "train", subset=config.train_size, seed=config.seed,
                       verbose=verbose)
-    return TensorDataset(ds.x, ds.y)
+    return TensorDataset(ds.x.to(getattr(torch, config.dtype)), ds.y)
 
 
 def make_optimizer(model, config):
@@ -226,7 +262,7 @@ def _train(trainer_class, config, rank, local_rank, world_size, device):
     import torch
     torch.manual_seed(config.seed + rank)       # dropout differs per rank; DDP syncs init
     train_set = make_data(config, verbose=rank == 0)
-    model = make_model(config.model)
+    model = make_model(config.model, config.dtype)
     optimizer, scheduler = make_optimizer(model, config)
     trainer = trainer_class(model, train_set, optimizer, scheduler, config, rank,
                             local_rank, world_size, device)
