@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import CheckFailure, fail
-from ..harness import HANG_AFTER, run_ranks
+from ..harness import HANG_AFTER, check, run_ranks
 from . import probes
 from .checks_memory import check_memory, expected_bytes  # noqa: F401 - the CHECK cell imports
 from .checks_sharded import (TIGHT, check_grads, check_groups, check_partitions, check_state,
@@ -107,6 +107,7 @@ def stage_results(path, stage, timeout):
 
 
 # ---------------------------------------------------------------- check_sharded
+@check
 def check_runs(res, size):
     """The runs that change one dimension of the baseline, in the order the probe ran them."""
     short = f"{probes.SHORT} AdamW steps"
@@ -208,6 +209,7 @@ def _check_scheduler(res, size):
                 f"(_sync_hyperparameters)")
 
 
+@check
 def check_sharded(path, timeout=TIMEOUT):
     """Check ``partition_parameters``, ``ShardedOptimizer.__init__``, ``step``, ``zero_grad``
     and ``add_param_group`` with 2, 3 and 1 ranks (one launch each, shared with

@@ -13,6 +13,7 @@ Used in 07_bonus_zero_sharding.
 """
 import numpy as np
 
+from ..harness import check
 from ..contract import fail
 from . import probes
 from .checks import TIMEOUT, stage_results
@@ -58,6 +59,7 @@ def _same_state_dict(case, got, want, call, tol):
                            f"parameters")
 
 
+@check
 def check_consolidated(case, runs, size, call, tol=(ATOL, RTOL)):
     """What ``state_dict()`` gave on rank ``to`` after ``call``, against the reference's."""
     to = runs[0]["to"]
@@ -87,6 +89,7 @@ def _loadable(case, run, size):
                    f"as torch's optimizers return it (tensors, AdamW's step count included)")
 
 
+@check
 def check_loaded(res, size):
     """The fresh optimizers that loaded a state dict: shard only, groups' settings, values."""
     nets = [out["net"] for out in res]
@@ -122,6 +125,7 @@ def check_loaded(res, size):
                 "counts and all, in the unsharded optimizer's format) and train on alike")
 
 
+@check
 def check_checkpoint(path, timeout=TIMEOUT):
     """Check ``consolidate_state_dict``, ``state_dict`` and ``load_state_dict`` (2, 3 and 1
     ranks; the same launches as ``check_sharded``)."""

@@ -13,6 +13,7 @@ Used in 07_bonus_zero_sharding.
 import math
 from pathlib import Path
 
+from ..harness import check
 from ..contract import CheckFailure, fail
 
 PAPER = dict(num_params=7.5e9, num_devices=64)          # ZeRO paper, Figure 1
@@ -103,6 +104,7 @@ def _check_values(student, path):
     return types
 
 
+@check
 def check_memory(path):
     """Check ``bytes_per_device`` (imported here: pure arithmetic, no processes)."""
     from ..rankworker import load_student

@@ -10,6 +10,7 @@ Used in 07_bonus_zero_sharding.
 
 import numpy as np
 
+from ..harness import check
 from ..contract import fail
 from . import probes
 
@@ -41,6 +42,7 @@ def spread(sizes, owners, world_size, loads=None):
     return sorted(total)
 
 
+@check
 def check_partitions(res):
     """Every rank's results on :func:`probes.partition_cases`, the most basic case first."""
     cases = probes.partition_cases()
@@ -99,6 +101,7 @@ def compare(case, rank, size, out, what, promise, tol=(ATOL, RTOL)):
                        f"{promise}")
 
 
+@check
 def check_train(res, size):
     """The baseline's parameters, body first (a broadcast that never came, a wrong update),
     then the head's group added with its own hyper-parameters."""
@@ -133,6 +136,7 @@ def check_train(res, size):
                         "rank's shard, then broadcast every parameter from its owner")
 
 
+@check
 def check_grads(res, size):
     """After ``zero_grad()``: no gradient left (zero-grad-all), and none as a zero tensor."""
     for case, bad, promise in (
@@ -149,6 +153,7 @@ def check_grads(res, size):
                                    f"zero_grad(), {names[:4]} {promise}")
 
 
+@check
 def check_state(res, size):
     """Each parameter's state on exactly one rank, balanced, on the rank the partition gives."""
     numels = probes.numels()
@@ -198,6 +203,7 @@ def expected_owners(size):
     return want
 
 
+@check
 def check_owners(held, size, loads_case, case, what):
     """``held`` ({name: rank holding its state}) against the partition of each group in turn."""
     numels, want = probes.numels(), expected_owners(size)
@@ -217,6 +223,7 @@ def check_owners(held, size, loads_case, case, what):
                f"starting from the current loads")
 
 
+@check
 def check_groups(res, size):
     """The full groups: every parameter, every hyper-parameter, as the unsharded AdamW's; the
     local optimizer: one, with one group per full group, the same hyper-parameters."""

@@ -11,7 +11,7 @@ Used in 01_mpi_parallel_sgd.
 import numpy as np
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, run_ranks
+from ..harness import HANG_AFTER, assert_close, check, run_ranks
 from ..integrity import VIOLATION
 from . import probes
 from .probes import (AVERAGE_CASES, BROADCAST_CASES, GLOBAL_CASES, GLOBAL_EMPTY, NO_GRAD,
@@ -63,6 +63,7 @@ def _check_bounds(cases, results):
                                         f"numpy.array_split: {expected}")
 
 
+@check
 def check_shards(path, timeout=TIMEOUT):
     """Check ``shard_bounds`` (many sizes) and ``scatter_shards`` (world sizes 3 and 2, every
     root, float32 and float64, one or more feature dimensions, empty shards)."""
@@ -104,6 +105,7 @@ def _check_received(call, rank, root, received, shard, size):
 
 
 # ---------------------------------------------------------------- broadcast
+@check
 def check_broadcast(path, timeout=TIMEOUT):
     """Check ``broadcast_parameters``: every rank ends with root's parameters and buffers
     (float32 and float64 models; tied, frozen, transposed and 0-d parameters; BatchNorm's
@@ -132,6 +134,7 @@ def check_broadcast(path, timeout=TIMEOUT):
 
 
 # ---------------------------------------------------------------- gradient averaging
+@check
 def check_allreduce_sgd(path, timeout=TIMEOUT):
     """Check ``average_gradients``: equals single-process SGD on the whole batch (float32 and
     float64; frozen, unused, tied, transposed and 0-d parameters), one Allreduce a step."""
@@ -177,6 +180,7 @@ def _check_one_allreduce(rank, calls, elements, numel):
 
 
 # ---------------------------------------------------------------- model averaging
+@check
 def check_model_averaging(path, timeout=TIMEOUT):
     """Check ``average_weights``: every rank ends with the mean of all ranks' parameters
     (float32 and float64 models with BatchNorm buffers, frozen and tied parameters; every
@@ -206,6 +210,7 @@ def reference_converged(prev_loss, loss, rel_tol):
     return prev_loss is not None and abs(prev_loss - loss) <= rel_tol * abs(prev_loss)
 
 
+@check
 def check_convergence(path, timeout=TIMEOUT):
     """Check ``converged`` (first epoch, relative to the previous loss, at the tolerance,
     negative and zero losses; a bool) and ``global_loss`` (sums over counts, the same on every
