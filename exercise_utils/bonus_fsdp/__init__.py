@@ -2,9 +2,14 @@
 
 Modules:
 
-* ``checks``: ``check_zero2``, ``check_zero3`` and ``check_state_dict``;
-* ``probes``: what runs inside the ranks those checks start (with the core's
-  ``exercise_utils.recorder`` logging every collective);
+* ``checks``: ``check_zero2`` (``shard_flat`` and ``Zero2``), and from ``checks_zero3``
+  ``check_zero3`` and ``check_state_dict``: the judge;
+* ``launches``: their launches (one per world size and stage set, kept per file content) and
+  what the checkers share;
+* ``shards``: ``shard_flat``'s sweep, run in a lone process;
+* ``probes`` and ``probes_zero3``: what runs inside the ranks those checks start (with the
+  core's ``exercise_utils.recorder`` logging every collective), on the models, data and
+  single-process references of ``nets``;
 * ``memory``: the bytes of the tensors a rank actually holds (probes and benchmark);
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;

@@ -5,8 +5,8 @@ only tags a view of a gathered vector (this unit's or the root's) with its unit,
 refills the storage in place the first time backward needs it (``resize_`` back, then
 ``all_gather_into_tensor`` into an alias made with ``set_``, so the saved views' version
 counter is not bumped); ``reduce_grad`` empties the refilled storage again. The rest:
-``shard_flat`` pads with ``torch.cat`` of a zero tail and cuts with ``split``; ``Zero2`` and
-the state dict as usual.
+``shard_flat`` pads with ``torch.cat`` of a zero tail and cuts with ``view(N, per)`` (rows: the
+shards; with no elements every row is empty); ``Zero2`` and the state dict as usual.
 
 The checker must accept it.
 """
@@ -34,7 +34,7 @@ def shard_flat(tensors, world_size, rank):
         numel = sum(p.numel() for p in parts)
         per = math.ceil(numel / world_size)
         parts.append(parts[0].new_zeros(per * world_size - numel))
-        shard = torch.cat(parts).split(per)[rank].clone()
+        shard = torch.cat(parts).view(world_size, per)[rank].clone()
     return shard, numel
 
 

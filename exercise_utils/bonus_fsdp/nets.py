@@ -1,0 +1,178 @@
+"""The models, data and single-process references of notebook 09's checks (used by the probes,
+in the ranks, and by the checkers for sizes).
+
+:class:`Net` has what makes sharding hard: an embedding whose weight is tied to the output
+layer's, a frozen parameter (``blocks.2.gain``), a buffer (``shift``), units whose parameter
+counts need padding with 2 and 3 ranks (16,383 and 16,384 elements) and whose parameters
+autograd saves twice (weight and bias). Every rank builds it from the same seed; each trains on
+its own part (``LOCAL_BATCH`` rows) of a combined batch; the reference trains one copy on the
+combined batch in one process with ``torch.optim.SGD(**OPTIM)`` (momentum: state per
+parameter). The sweeps add the core's :class:`~exercise_utils.models.EdgeNet`
+(:func:`edge_model`: a tied weight used inside a unit and outside, frozen, unused, transposed and
+0-d parameters, BatchNorm buffers with an int64 counter float32 cannot hold) in float32 and
+float64.
+
+Used in 09_bonus_fsdp.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..models import EdgeNet
+
+WIDTH, VOCAB, LOCAL_BATCH = 128, 49, 2
+STEPS, MEASURED_STEP, MORE_STEPS = 4, 1, 2
+EDGE_BATCH, EDGE_STEPS = 4, 2     # EdgeNet: rows per rank and step, steps
+OPTIM = dict(lr=0.05, momentum=0.9, weight_decay=0.01)   # SGD: Adam would hide a wrong scale
+BIG_COUNT = 2 ** 24 + 1           # EdgeNet's num_batches_tracked: float32 cannot hold it
+EDGE_UNITS = ("inp", "bn", "unused", "back", "head")   # back.weight is out.weight: the root's
+
+
+class Block(nn.Module):
+    """``y = tanh(fc(x))``, then ``y + y * fc.bias``: the unit's parameters are used twice, so
+    autograd saves two views of them (its weight, by the Linear, and its bias); times a frozen
+    gain when ``frozen``."""
+
+    def __init__(self, n_in, n_out, frozen=False):
+        super().__init__()
+        self.fc = nn.Linear(n_in, n_out)
+        if frozen:
+            self.gain = nn.Parameter(torch.linspace(0.5, 1.5, n_out), requires_grad=False)
+
+    def forward(self, x):
+        y = torch.tanh(self.fc(x))
+        y = y + y * self.fc.bias
+        return y * self.gain if hasattr(self, "gain") else y
+
+
+class Net(nn.Module):
+    """Embedding (tied to the head's weight) + a buffer, four blocks (units), head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, WIDTH)
+        self.blocks = nn.Sequential(Block(WIDTH, WIDTH - 1), Block(WIDTH - 1, WIDTH),
+                                    Block(WIDTH, WIDTH, frozen=True), Block(WIDTH, WIDTH))
+        self.head = nn.Linear(WIDTH, VOCAB)
+        self.head.weight = self.emb.weight
+        self.register_buffer("shift", torch.linspace(-0.1, 0.1, WIDTH))
+
+    def forward(self, tokens):
+        return self.head(self.blocks(self.emb(tokens) + self.shift))
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    model = Net()
+    if seed:                      # another buffer and frozen value: loading must replace them
+        with torch.no_grad():
+            model.shift.mul_(-3)
+            model.blocks[2].gain.add_(1)
+    return model
+
+
+def unit_numels():
+    """Trainable elements of each unit (the four blocks, then the root: emb/head, bias)."""
+    model = make_model()
+    blocks = [sum(p.numel() for p in b.parameters() if p.requires_grad) for b in model.blocks]
+    return blocks + [model.emb.weight.numel() + model.head.bias.numel()]
+
+
+def combined(step, size):
+    g = torch.Generator().manual_seed(7919 * step + 17)
+    return (torch.randint(0, VOCAB, (size * LOCAL_BATCH,), generator=g),
+            torch.randint(0, VOCAB, (size * LOCAL_BATCH,), generator=g))
+
+
+def local(step, ctx):
+    x, y = combined(step, ctx.size)
+    part = slice(ctx.rank * LOCAL_BATCH, (ctx.rank + 1) * LOCAL_BATCH)
+    return x[part], y[part]
+
+
+def arrays(state):
+    return {k: v.detach().cpu().numpy().copy() for k, v in state.items()}
+
+
+def reference(size, steps, start=None):
+    """One process on the combined batches: the model after ``steps`` steps."""
+    model = make_model()
+    if start is not None:
+        model.load_state_dict(start)
+    opt = torch.optim.SGD(model.parameters(), **OPTIM)
+    first = 0 if start is None else STEPS
+    for step in range(first, first + steps):
+        opt.zero_grad()
+        x, y = combined(step, size)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model
+
+
+# ---------------------------------------------------------------- EdgeNet sweeps
+def edge_model(seed, dtype):
+    """An :class:`EdgeNet` of ``dtype`` in eval mode (BatchNorm on its running statistics, so
+    that averaged gradients equal the combined batch's), its buffers set per seed (the counter
+    above 2**24)."""
+    torch.manual_seed(seed)
+    model = EdgeNet(dtype=getattr(torch, dtype))
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 1.5)
+        model.bn.num_batches_tracked.fill_(BIG_COUNT + seed)
+        model.frozen.add_(seed)
+    return model.eval()
+
+
+def edge_combined(step, micro, size, dtype):
+    g = torch.Generator().manual_seed(104729 * step + 31 * micro + 5)
+    x = torch.randn(size * EDGE_BATCH, 6, generator=g, dtype=torch.float64)
+    return x.to(getattr(torch, dtype)), torch.randint(0, 4, (size * EDGE_BATCH,), generator=g)
+
+
+def edge_local(step, micro, ctx, dtype):
+    x, y = edge_combined(step, micro, ctx.size, dtype)
+    part = slice(ctx.rank * EDGE_BATCH, (ctx.rank + 1) * EDGE_BATCH)
+    return x[part], y[part]
+
+
+def edge_reference(size, dtype, micro=1, zero_fill=False):
+    """One process on the combined batches of ``EDGE_STEPS`` steps (``micro`` backward passes
+    each); ``zero_fill``: a trainable parameter without gradient gets zeros (Zero2's rule)."""
+    model = edge_model(0, dtype)
+    opt = torch.optim.SGD(model.parameters(), **OPTIM)
+    for step in range(EDGE_STEPS):
+        opt.zero_grad()
+        for m in range(micro):
+            x, y = edge_combined(step, m, size, dtype)
+            F.cross_entropy(model(x), y).backward()
+        if zero_fill:
+            for p in model.parameters():
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
+        opt.step()
+    return model
+
+
+def edge_units(model):
+    return [getattr(model, name) for name in EDGE_UNITS]
+
+
+def registrations(model):
+    """``[(qualified name, module, attribute)]`` of every place a trainable parameter is
+    registered (a tied weight: two)."""
+    return [(f"{prefix}.{name}" if prefix else name, module, name)
+            for prefix, module in model.named_modules(remove_duplicate=False)
+            for name, p in module._parameters.items() if p is not None and p.requires_grad]
+
+
+def gathered(regs):
+    """The registrations whose attribute is not None (still pointing at gathered parameters)."""
+    return [q for q, module, name in regs if getattr(module, name, None) is not None]
+
+
+def tensors(state):
+    """``{key: array}`` of a state dict, or ``{"types": ...}`` if it holds something else."""
+    if not all(isinstance(v, torch.Tensor) for v in state.values()):
+        return {"types": {k: type(v).__name__ for k, v in state.items()}}
+    return {"arrays": arrays(state)}
