@@ -68,7 +68,7 @@ def _check_a(job, complete=True):
     if complete and len(taken) < len(zero["save_states"]):
         fail("snapshot-contents", f"after save_snapshot at the end of epoch {len(taken) + 1} "
              f"there was no file at config.snapshot: rank 0 writes the snapshot there")
-    _check_atomic(zero, str(job.snapshot), len(taken))
+    _check_atomic(zero, os.path.realpath(job.snapshot), len(taken))
     spe = steps_per_epoch(WORKERS)
     for i, shot in enumerate(taken):
         where = f"the snapshot taken after epoch {i + 1}"
@@ -176,7 +176,7 @@ def _check_simulated_load(sim):
     """map_location on a GPU worker (simulated); no verdict when it saw no torch.load."""
     if not sim or "map_location" not in sim:
         return
-    if sim["map_location"] != "cuda:1":
+    if sim["map_location"] not in ("cuda:1", "cuda"):      # "cuda": the device set_device set
         fail("resume-map-location", "Trainer.load_snapshot on the worker RANK=3, LOCAL_RANK=1 "
              "with self.device = cuda:1 (simulated on the CPU) called torch.load with "
              f"map_location={sim['map_location']}; expected self.device (cuda:1): every rank "
@@ -229,7 +229,7 @@ def _check_b(job, a, complete=True):
 
 def _check_loaded(job, attempt, logs):
     loads = [load for log in logs.values() for load in log["loads"]
-             if load["path"] == str(job.snapshot)]
+             if load["path"] == os.path.realpath(job.snapshot)]
     if not loads and attempt == 0:
         fail("resume-loads", "job B started with config.snapshot in place (the snapshot of "
              "epoch 1, as after a crash in the middle of epoch 2), but no rank loaded it: in "
@@ -271,7 +271,8 @@ def _compare(where, got, want, rank):
     if wrong:
         fail("resume-rng", f"{where}: the {', '.join(wrong)} random state differs from rank "
              f"{rank}'s in the uninterrupted run: restore this rank's entry, "
-             "runner.set_rng_state(snapshot['rng'][self.rank]) (another rank's entry gives "
+             "runner.set_rng_state(snapshot['rng'][self.rank]), on every rank and after "
+             "anything else that seeds or draws random numbers (another rank's entry gives "
              "this rank another rank's dropout masks)")
 
 

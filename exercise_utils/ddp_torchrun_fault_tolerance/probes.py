@@ -101,7 +101,7 @@ def _install_recorders(student, log):
     def recorded_save(obj, f, *args, **kwargs):
         name = file_on_disk(f)                          # None: in-memory saves of tensors
         if name is not None and from_student():
-            log["saves"].append(os.path.abspath(name))
+            log["saves"].append(os.path.realpath(name))
             log.flush()    # on disk now: a rank killed later (racing writers) still reports it
         return originals["save"](obj, f, *args, **kwargs)
 
@@ -109,7 +109,7 @@ def _install_recorders(student, log):
         name = file_on_disk(f)                          # None: in-memory loads of tensors
         if name is not None and from_student():
             where = kwargs.get("map_location", args[0] if args else None)
-            log["loads"].append({"path": os.path.abspath(name),
+            log["loads"].append({"path": os.path.realpath(name),
                                  "map_location": location(where)})
             log.flush()
         return originals["load"](f, *args, **kwargs)
@@ -117,8 +117,8 @@ def _install_recorders(student, log):
     def moving(kind):
         def recorded_move(src, dst, *args, **kwargs):
             if from_student():
-                log["replaces"].append({"call": f"os.{kind}", "src": os.path.abspath(src),
-                                        "dst": os.path.abspath(dst)})
+                log["replaces"].append({"call": f"os.{kind}", "src": os.path.realpath(src),
+                                        "dst": os.path.realpath(dst)})
                 log.flush()
             return originals[kind](src, dst, *args, **kwargs)
         return recorded_move
