@@ -1,18 +1,20 @@
 """What runs inside the processes that notebook 02's checkers start, and the inputs they share.
 
 :func:`probe_sampler` calls the student's ``partition_indices`` on every case of
-:func:`sampler_cases`. :func:`probe_hogwild` trains a small model with the student's
-``train_worker`` (in the probe's own process, as rank 1 of 3) and ``hogwild`` (3 worker
-processes), reading every sample through a :class:`RecordingDataset` that logs, in shared
-memory, which process read which sample, in which order and with how many threads; then it
-makes one worker crash. Both run in a fresh process of the harness
-(:func:`exercise_utils.harness.run_ranks`), never in the notebook kernel.
+:func:`sampler_cases` (every argument at its edges, keywords, defaults and positional calls).
+:func:`probe_hogwild` trains with the student's ``train_worker`` alone (in the probe's own
+process, as rank 1 of 3: a float32 MLP, a float64 one, and :class:`~exercise_utils.models.EdgeNet`),
+then ``hogwild`` with 3 workers on a model whose first forward pass in each worker waits for
+the others (:mod:`.recorders`), then with a worker that raises (2 workers) and one killed by
+SIGKILL (1 worker), reading every sample through a :class:`~.recorders.RecordingDataset`.
+Both run in a fresh process of the harness (:func:`exercise_utils.harness.run_ranks`), never in
+the notebook kernel.
 
 Used in 02_shared_memory_hogwild.
 """
 import importlib
-import multiprocessing
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -20,43 +22,107 @@ import numpy as np
 import torch
 
 from ..harness import state_arrays
-from ..models import TinyMLP
+from ..models import EdgeNet, TinyMLP
+from . import recorders
+from .recorders import ConcurrencyWatch, Gate, GatedMLP, RecordingDataset, StartJoinCounter
 
 
 # ---------------------------------------------------------------- sampler
+SEEDS, EPOCHS_TRIED = (0, 7), (0, 1, 2)
+
+
 def sampler_cases():
-    """(dataset_len, num_replicas, shuffle, seed, epoch, drop_last) groups the checker tries."""
+    """``(group, n, replicas, shuffle, seed, epoch, drop_last, how)`` for every case the
+    sampler check tries, in the order it judges them. Groups: ``base`` (1 <= replicas <= n),
+    ``small`` (0 < n < replicas: the order repeated again and again), ``empty`` (n = 0),
+    ``signature`` (``how``: "defaults" calls with three arguments, "positional" with seven;
+    "keywords" elsewhere)."""
     cases = []
-    for n in (10, 12, 13, 7, 2, 1, 61, 3, 0):
+    for n in (10, 12, 13, 7, 61, 3, 5, 2, 1, 0):
         for replicas in (3, 2, 4, 5, 1):
+            group = "base" if n >= replicas else "small" if n else "empty"
             for drop_last in (False, True):
-                for shuffle, seeds, epochs in ((True, (0, 7), (0, 1, 2)), (False, (0,), (0, 1))):
-                    cases += [(n, replicas, shuffle, seed, epoch, drop_last)
+                for shuffle, seeds, epochs in ((True, SEEDS, EPOCHS_TRIED), (False, (0,), (0, 1))):
+                    cases += [(group, n, replicas, shuffle, seed, epoch, drop_last, "keywords")
                               for seed in seeds for epoch in epochs]
-    return cases
+    cases += [("base", 1000, 3, True, 2 ** 40 + 3, 99, False, "keywords"),
+              ("base", 1000, 7, True, 123456789, 12, True, "keywords")]
+    cases += [("signature", n, r, True, 0, 0, False, "defaults") for n, r in ((10, 3), (7, 4))]
+    cases += [("signature", n, r, sh, seed, ep, dl, "positional")
+              for n, r, sh, seed, ep, dl in ((13, 3, True, 7, 2, False), (13, 3, True, 7, 1, True),
+                                             (11, 4, False, 0, 1, True))]
+    order = ("base", "small", "empty", "signature")
+    return sorted(cases, key=lambda case: order.index(case[0]))
+
+
+CPU_LIMIT = 2.0     # CPU seconds one call may take (correct code: well under a millisecond)
+
+
+class _EndlessLoop(Exception):
+    pass
+
+
+def _stop(signum, frame):
+    raise _EndlessLoop()
+
+
+def _call_partition(student, n, replicas, rank, shuffle, seed, epoch, drop_last, how):
+    """One call, stopped after CPU_LIMIT seconds of CPU time (not wall time: a loaded machine
+    changes nothing): an endless loop on one case must not hide the others."""
+    signal.setitimer(signal.ITIMER_VIRTUAL, CPU_LIMIT)
+    try:
+        if how == "defaults":
+            return student.partition_indices(n, replicas, rank)
+        if how == "positional":
+            return student.partition_indices(n, replicas, rank, shuffle, seed, epoch, drop_last)
+        return student.partition_indices(n, replicas, rank, shuffle=shuffle, seed=seed,
+                                         epoch=epoch, drop_last=drop_last)
+    finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+
+
+def _kind(value):
+    """How a returned value is typed: 'list' (of int), or what it is instead."""
+    if not isinstance(value, list):
+        return f"{type(value).__module__.replace('builtins', '')}.{type(value).__name__}".lstrip(".")
+    bad = next((v for v in value if not isinstance(v, int)), None)
+    return "list" if bad is None else f"list of {type(bad).__module__}.{type(bad).__name__}"
 
 
 def probe_sampler(student, ctx):
-    """Return, for every case, the list of every rank's indices (or what the call raised), and
-    whether the calls changed torch's global random state (a sampler must not)."""
-    rng = torch.get_rng_state()
+    """Return, for every case, the list of every rank's result (its indices, or a dict saying
+    what the call raised or returned instead of a list of int), and whether the calls changed
+    torch's global random state (a sampler must not)."""
+    rng, looped = torch.get_rng_state(), None
+    previous = signal.signal(signal.SIGVTALRM, _stop)
     results = []
-    for n, replicas, shuffle, seed, epoch, drop_last in sampler_cases():
-        per_rank = []
-        for rank in range(replicas):
-            try:
-                got = student.partition_indices(n, replicas, rank, shuffle=shuffle, seed=seed,
-                                                epoch=epoch, drop_last=drop_last)
-            except NotImplementedError:
-                raise
-            except Exception as exc:  # reported per case, not as a crash
-                per_rank.append(f"raised {type(exc).__name__}: {exc}")
-                continue
-            try:
-                per_rank.append([int(i) for i in got])
-            except (TypeError, ValueError):
-                per_rank.append(f"returned {got!r}, not a list of int")
-        results.append(per_rank)
+    try:
+        for group, *case in sampler_cases():
+            ctx.case({"base": "sampler-type", "small": "sampler-small",
+                      "empty": "sampler-empty", "signature": "sampler-signature"}[group])
+            per_rank = []
+            for rank in range(case[1]):
+                if looped:          # one endless loop is enough: the later cases are skipped
+                    per_rank.append({"raised": f"not tried: {looped}"})
+                    continue
+                try:
+                    got = _call_partition(student, case[0], case[1], rank, *case[2:])
+                except NotImplementedError:
+                    raise
+                except _EndlessLoop:
+                    looped = (f"partition_indices{(case[0], case[1], rank, *case[2:-1])} ran "
+                              f"for {CPU_LIMIT} s of CPU time without returning")
+                    per_rank.append({"raised": f"no result: an endless loop? ({looped})"})
+                    continue
+                except Exception as exc:  # noqa: BLE001 - reported per case, not as a crash
+                    per_rank.append({"raised": f"{type(exc).__name__}: {exc}"})
+                    continue
+                kind = _kind(got)
+                per_rank.append([int(i) for i in got] if kind == "list" else
+                                {"returned": kind, "value": repr(got)[:200]})
+            results.append(per_rank)
+    finally:
+        signal.signal(signal.SIGVTALRM, previous)
     return results, not torch.equal(rng, torch.get_rng_state())
 
 
@@ -70,113 +136,30 @@ def shuffled_order(n, shuffle, seed, epoch):
 # ---------------------------------------------------------------- hogwild
 N_SAMPLES, FEATURES, CLASSES = 240, 20, 4   # 240 = 80 per worker with 3 workers, 120 with 2
 EPOCHS, BATCH, LR, SEED = 3, 16, 0.2, 5
+WORKERS, CRASH_WORKERS, KILL_WORKERS = 3, 2, 1
+# train_worker alone, as rank 1 of WORKERS: (case, model, dtype), baseline first
+SERIAL_CASES = (("worker-partition", "mlp", "float32"), ("worker-float64", "mlp", "float64"),
+                ("worker-edge", "edge", "float32"))
 
 
-_FORKED_FROM = None    # the probe's pid, set before hogwild: a forked worker inherits it
-
-
-class RecordingDataset(torch.utils.data.Dataset):
-    """A map-style dataset that logs every read in shared memory (works across processes).
-
-    ``dataset[i]`` returns ``(x[i], y[i])`` and records, for the k-th read of sample i, the
-    reading process's pid, a per-process sequence number, ``torch.get_num_threads()`` and
-    whether the process was forked from the probe's (it inherited ``_FORKED_FROM``; a spawned
-    one imports this module afresh). Reading sample ``fail_index`` raises (to crash the worker
-    that owns it).
-    """
-
-    def __init__(self, x, y, slots, fail_index=None):
-        n = len(y)
-        self.x, self.y, self.fail_index = x, y, fail_index
-        self.count = torch.zeros(n, dtype=torch.int64).share_memory_()
-        self.pid, self.seq, self.threads, self.forked = (
-            torch.full((n, slots), -1, dtype=torch.int64).share_memory_() for _ in range(4))
-        self._next = 0          # per process: every process reads its own unpickled copy
-        # Two workers may read the same sample at once (in different epochs): claiming a slot
-        # is a read-modify-write of shared memory, so it takes a lock (inherited or passed to
-        # the workers at start, as multiprocessing allows) or one read could overwrite another.
-        self.lock = multiprocessing.get_context("spawn").Lock()   # usable by fork and spawn
-
-    def __len__(self):
-        return len(self.y)
-
-    def __getitem__(self, index):
-        if not isinstance(index, int):
-            index = torch.as_tensor(index)
-            if index.dim() > 0:     # a batch of indices: record each, return stacked tensors
-                pairs = [self[int(i)] for i in index]
-                return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
-            index = int(index)
-        with self.lock:
-            k = int(self.count[index])
-            self.count[index] += 1
-        if k < self.pid.shape[1]:
-            self.pid[index, k], self.seq[index, k] = os.getpid(), self._next
-            self.threads[index, k] = torch.get_num_threads()
-            self.forked[index, k] = int(_FORKED_FROM not in (None, os.getpid()))
-        self._next += 1
-        if index == self.fail_index:
-            raise RuntimeError(f"checker: sample {index} makes this worker crash on purpose")
-        return self.x[index], self.y[index]
-
-    def reads(self):
-        """Return ``{pid: [(sample, threads), ...] in read order}`` and the read counts."""
-        per_pid = {}
-        for i, k in zip(*np.nonzero(self.pid.numpy() >= 0)):
-            per_pid.setdefault(int(self.pid[i, k]), []).append(
-                (int(self.seq[i, k]), int(i), int(self.threads[i, k])))
-        return ({pid: [(i, t) for _, i, t in sorted(v)] for pid, v in per_pid.items()},
-                self.count.numpy().copy())
-
-    def was_forked(self):
-        """Whether a process forked from the probe's read a sample (fork, not spawn)."""
-        return bool((self.forked == 1).any())
-
-
-class StartJoinCounter:
-    """Counts how many worker processes were started and not yet joined at once, from the
-    order of ``Process.start()`` and ``Process.join()`` calls (every multiprocessing and
-    torch.multiprocessing process class inherits both from ``BaseProcess``): Hogwild's
-    workers must run together. A count of the calls, not of the processes seen alive, so a
-    busy machine that delays a worker's start cannot change it: start-join, start-join gives
-    1, start all then join all gives the number of workers."""
-
-    def __enter__(self):
-        from multiprocessing.process import BaseProcess
-        self.most, self._open = 0, set()
-        self._base, real_start, real_join = BaseProcess, BaseProcess.start, BaseProcess.join
-        self._real = (real_start, real_join)
-
-        def start(proc, *args, **kwargs):
-            result = real_start(proc, *args, **kwargs)
-            self._open.add(id(proc))
-            self.most = max(self.most, len(self._open))
-            return result
-
-        def join(proc, *args, **kwargs):
-            result = real_join(proc, *args, **kwargs)
-            if proc.exitcode is not None:       # joined for good (not a join with a timeout)
-                self._open.discard(id(proc))
-            return result
-        BaseProcess.start, BaseProcess.join = start, join
-        return self
-
-    def __exit__(self, *exc):
-        self._base.start, self._base.join = self._real
-
-
-def task_data():
+def task_data(dtype="float32"):
     """A learnable toy task: 4 Gaussian clusters in 20 dimensions, balanced classes."""
     g = torch.Generator().manual_seed(1)
-    centers = 1.5 * torch.randn(CLASSES, FEATURES, generator=g)
+    centers = 1.5 * torch.randn(CLASSES, FEATURES, generator=g, dtype=torch.float64)
     y = torch.arange(N_SAMPLES) % CLASSES
-    x = centers[y] + torch.randn(N_SAMPLES, FEATURES, generator=g)
-    return x, y
+    x = centers[y] + torch.randn(N_SAMPLES, FEATURES, generator=g, dtype=torch.float64)
+    return x.to(getattr(torch, dtype)), y
 
 
-def _model():
+def make_model(kind="mlp", dtype="float32", gate=None):
+    """The model every run starts from (seeded): TinyMLP, EdgeNet (frozen, unused, tied,
+    transposed and 0-d parameters, BatchNorm buffers) or, with ``gate``, a GatedMLP."""
     torch.manual_seed(3)
-    return TinyMLP(FEATURES, 16, CLASSES)
+    if gate is not None:
+        return GatedMLP(gate, FEATURES, 16, CLASSES)
+    if kind == "edge":
+        return EdgeNet(FEATURES, 8, CLASSES, dtype=getattr(torch, dtype))
+    return TinyMLP(FEATURES, 16, CLASSES).to(getattr(torch, dtype))
 
 
 def _accuracy(model, x, y):
@@ -193,53 +176,93 @@ def _importable(student):
     return importlib.import_module(path.stem)
 
 
-def probe_hogwild(student, ctx, workers=3, crash_workers=2):
-    """Run train_worker in this process, hogwild with ``workers`` processes, then a crash."""
+def pick_threads():
+    """Thread counts that differ from the default, so that a worker (or a hogwild) that
+    ignores ``threads`` shows. For train_worker alone and the 3 workers: 1 (2 where the default
+    is 1); never more here, whose OpenMP threads would deadlock the children of a student's
+    fork (the check must say "fork", not hang). For the killed worker (alone): a count that
+    also differs from its share of the cores, all of them."""
+    default, share = torch.get_num_threads(), max(1, (os.cpu_count() or 1) // KILL_WORKERS)
+    return (1 if default != 1 else 2), next(t for t in (1, 2, 3) if t not in (default, share))
+
+
+def probe_hogwild(student, ctx):
+    """train_worker alone (three models), hogwild with WORKERS processes, then two crashes.
+    Each stage runs only if the checker accepts the stages before it (they cost seconds)."""
+    from .checks_hogwild import check_crashes, check_parallel, check_serial   # early exits
     module = _importable(student)
-    x, y = task_data()
-    threads = 1 if torch.get_num_threads() != 1 else 2    # differs from the inherited default
-    out = {"parent": os.getpid(), "threads": threads}
-    # 1. train_worker alone, in this process, as rank 1 of `workers`
-    model, data = _model(), RecordingDataset(x, y, EPOCHS)
-    before = state_arrays(model)
-    module.train_worker(1, workers, model, data, EPOCHS, BATCH, LR, SEED, threads)
-    out["serial"] = {"reads": data.reads(), "changed": _changed(before, model),
-                     "state": state_arrays(model)}
-    from .checks import check_serial     # the checker's verdict on that run, here in the rank
-    try:
-        check_serial(out, workers)
-    except AssertionError:
-        return out          # the checker reports it; no need to start processes
-    # 2. hogwild with `workers` processes
-    global _FORKED_FROM
-    _FORKED_FROM = os.getpid()
-    model, data = _model(), RecordingDataset(x, y, EPOCHS)
-    before, acc_before = state_arrays(model), _accuracy(model, x, y)
-    with StartJoinCounter() as alive:
-        module.hogwild(model, data, workers, epochs=EPOCHS, batch_size=BATCH, lr=LR, seed=SEED,
-                       threads=threads)
-    out["hogwild"] = {"reads": data.reads(), "changed": _changed(before, model),
-                      "accuracy": _accuracy(model, x, y), "accuracy_before": acc_before,
-                      "together": alive.most, "forked": data.was_forked()}
-    from .checks import _check_parallel
-    try:
-        _check_parallel(out, workers)
-    except AssertionError:
-        return out          # the checker reports it; the crash run would only cost time
-    # 3. a worker crashes: hogwild must raise; threads=None: each worker its share of the cores
-    second = int(shuffled_order(N_SAMPLES, True, SEED, 0)[1])
-    crash = RecordingDataset(x, y, 1, fail_index=second)
-    try:
-        module.hogwild(_model(), crash, crash_workers, epochs=1, batch_size=BATCH, lr=LR,
-                       seed=SEED)
-        out["crash"] = None
-    except Exception as exc:  # noqa: BLE001 - any exception reports the failure
-        out["crash"] = f"{type(exc).__name__}: {exc}"
-    out["default_threads"] = {"reads": crash.reads()[0],
-                              "share": max(1, (os.cpu_count() or 1) // crash_workers)}
+    threads, kill_threads = pick_threads()
+    out = {"parent": os.getpid(), "threads": threads, "kill_threads": kill_threads,
+           "serial": {}}
+    for case, kind, dtype in SERIAL_CASES:       # 1. train_worker alone, as rank 1 of WORKERS
+        ctx.case(case)
+        x, y = task_data(dtype)
+        model, data = make_model(kind, dtype), RecordingDataset(x, y, EPOCHS)
+        before = state_arrays(model)
+        module.train_worker(1, WORKERS, model, data, EPOCHS, BATCH, LR, SEED, threads)
+        out["serial"][case] = {"reads": data.reads(), "changed": _changed(before, model),
+                               "state": state_arrays(model)}
+    if _rejects(check_serial, out):
+        return out
+    ctx.case("hogwild-processes")                # 2. hogwild with WORKERS processes
+    out["hogwild"] = _run_hogwild(module, threads)
+    if _rejects(check_parallel, out):
+        return out
+    ctx.case("crash-exception")                  # 3. a worker raises; threads=None
+    out["crash"] = _run_crash(module, CRASH_WORKERS, "raise", threads=None)
+    out["default_threads"] = {"reads": out["crash"].pop("reads"),
+                              "share": max(1, (os.cpu_count() or 1) // CRASH_WORKERS)}
+    if _rejects(check_crashes, out):
+        return out
+    ctx.case("crash-signal")                     # 4. a worker is killed by SIGKILL
+    out["kill"] = _run_crash(module, KILL_WORKERS, "kill", threads=kill_threads)
     return out
+
+
+def _rejects(check, out):
+    try:
+        check(out)
+    except AssertionError:
+        return True         # the checker reports it; the later stages would only cost time
+    return False
+
+
+def _run_hogwild(module, threads):
+    x, y = task_data()
+    gate = Gate()
+    model, data = make_model(gate=gate), RecordingDataset(x, y, EPOCHS)
+    before, acc_before = state_arrays(model), _accuracy(model, x, y)
+    recorders.forked_from(os.getpid())
+    with StartJoinCounter() as counter, ConcurrencyWatch(gate, counter, WORKERS) as watch:
+        module.hogwild(model, data, WORKERS, epochs=EPOCHS, batch_size=BATCH, lr=LR, seed=SEED,
+                       threads=threads)
+    return {"reads": data.reads(), "changed": _changed(before, model),
+            "accuracy": _accuracy(model, x, y), "accuracy_before": acc_before,
+            "together": counter.most, "forked": data.was_forked(),
+            "gate": {"verdict": watch.verdict, "most": watch.most, "blocked": watch.blocked}}
+
+
+def _run_crash(module, workers, fail, threads):
+    """hogwild with ``workers`` processes and ``threads`` where the reader of sample
+    ``order[0]`` (rank 0's first) raises or is killed. Returns what hogwild raised (type,
+    message, or None), the processes it never joined, and the reads."""
+    x, y = task_data()
+    first = int(shuffled_order(N_SAMPLES, True, SEED, 0)[0])
+    data = RecordingDataset(x, y, 1, fail_index=first, fail=fail)
+    raised = None
+    with StartJoinCounter() as counter:
+        try:
+            module.hogwild(make_model(), data, workers, epochs=1, batch_size=BATCH, lr=LR,
+                           seed=SEED, **({} if threads is None else {"threads": threads}))
+        except Exception as exc:  # noqa: BLE001 - any exception reports the failure
+            raised = {"type": type(exc).__name__, "runtime": isinstance(exc, RuntimeError),
+                      "message": str(exc)[:2000]}
+        unseen = counter.unseen_end()
+        counter.cleanup()
+    return {"raised": raised, "unseen": unseen, "started": len(counter.procs),
+            "reads": data.reads()[0]}
 
 
 def _changed(before, model):
     after = state_arrays(model)
-    return max(float(np.max(np.abs(after[k] - before[k]))) for k in before)
+    return max(float(np.max(np.abs(after[k] - before[k]))) for k in before if after[k].size)
