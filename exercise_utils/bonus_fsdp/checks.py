@@ -37,7 +37,7 @@ import math
 import numpy as np
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, run_ranks
+from ..harness import HANG_AFTER, assert_close, check, run_ranks
 from . import nets, shards
 from .checks_zero3 import check_state_dict, check_zero3  # noqa: F401 - the CHECK cells' import
 from .launches import (ATOL, FIXED, FP32, RTOL, SHARDED, SLACK, TIGHT, kb, kinds, stage_results,
@@ -142,6 +142,7 @@ def _zero2_memory(size):
     return total, share, after, after + share
 
 
+@check
 def check_zero2(path):
     """Check ``shard_flat`` (in a lone process first) and ``Zero2`` (see the module docstring)."""
     [sharding] = run_ranks(path, shards.probe_sharding, 1, "none", timeout=HANG_AFTER,

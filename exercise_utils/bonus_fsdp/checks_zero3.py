@@ -4,7 +4,7 @@
 Used in 09_bonus_fsdp.
 """
 from ..contract import fail
-from ..harness import assert_close
+from ..harness import assert_close, check
 from . import nets
 from .launches import (ATOL, FIXED, FP32, RTOL, SHARDED, SLACK, TIGHT, kb, kinds, stage_results,
                        padded)
@@ -94,6 +94,7 @@ def _check_zero3_edge(size, rank, out):
                      rtol=rtol, case=case, dtype=True)
 
 
+@check
 def check_zero3(path):
     """Check ``Zero3`` (see the module docstring)."""
     numels = nets.unit_numels()
@@ -207,6 +208,7 @@ def _check_edge_state(size, first):
                  atol=TIGHT[0], rtol=TIGHT[1], case="state-float64", dtype=True)
 
 
+@check
 def check_state_dict(path):
     """Check ``full_state_dict`` and ``load_full_state_dict`` (see the module docstring)."""
     for size, res in stage_results(path, ["state_dict"], "state_dict"):
