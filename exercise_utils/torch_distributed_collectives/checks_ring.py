@@ -1,7 +1,7 @@
 """Checker of notebook 03's ring all-reduce exercise (``work/03_ring_allreduce.py``).
 
 :func:`check_ring_allreduce` runs the student's ``ring_all_reduce`` in fresh gloo processes
-(world sizes 3, 2 and 4, one launch each) on many tensors (:func:`.probes_ring.ring_cases`): a
+(world sizes 3, 4 and 2, one launch each) on many tensors (:func:`.probes_ring.ring_cases`): a
 baseline, then one dimension changed at a time: lengths that do not divide by the world size,
 2-D and 3-D shapes, float64, int64 and int32 values beyond what float64 and float32 hold,
 tensors smaller than the world (one element, none at all: shape (0, 3)). It checks the numbers
@@ -33,7 +33,7 @@ from .probes_ring import (GROUP_CASE0, GROUP_CASES, GROUPS, P2P, SENDS, group_of
                           ring_sum)
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
-WORLD_SIZES = (3, 2, 4)     # one launch each; 3 first (the neighbours differ), 4 with groups
+WORLD_SIZES = (3, 4, 2)     # one launch each; 3 first (the neighbours differ), 4 with groups
 HUNG_HINT = ("With gloo, a send starts only once the peer has posted the matching receive: if "
              "every rank sends first with dist.send and receives afterwards, all of them wait "
              "forever. Post the receive with r = dist.irecv(...), then the send with "

@@ -48,8 +48,8 @@ def ring_cases(size):
             ("ring-small", (0, 3), "float32")]
 
 
-# With 4 ranks (the last launch: a ring that ignores the group fails these cases, and a crash
-# there would hide what the earlier cases show) the ring also runs inside process groups whose
+# With 4 ranks (not in the first launch: a ring that ignores the group fails these cases, and a
+# crash there would hide what the earlier cases show) the ring also runs inside process groups whose
 # ranks are not consecutive (so that group rank + offset is not the global rank): each group
 # sums its own ranks' tensors only; a group of one rank returns its tensor as it is.
 # Cases: (case, shape, dtype).
