@@ -79,6 +79,7 @@ def serve(path, command, preload):
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     children = {}                            # stub connection -> forked rank's pid
+    held = {}                                # stub connection -> its rank's exit status
     mpiexec = subprocess.Popen(command) if command else None
     owner = os.getppid()
     try:
@@ -89,20 +90,29 @@ def serve(path, command, preload):
                     children[conn] = _fork_rank(conn, listener, children)
                     sel.register(conn, selectors.EVENT_READ)
                 else:                        # a stub spoke or went away: it was killed
+                    held.pop(key.fileobj, None)
                     _kill(children.pop(key.fileobj, None))
                     sel.unregister(key.fileobj)
                     key.fileobj.close()
             for conn, pid in list(children.items()):
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    code = os.waitstatus_to_exitcode(status)
-                    try:
-                        conn.sendall(str(code if code >= 0 else 128 - code).encode())
-                    except OSError:
-                        pass
-                    del children[conn]
-                    sel.unregister(conn)
-                    conn.close()
+                if conn not in held:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        code = os.waitstatus_to_exitcode(status)
+                        held[conn] = code if code >= 0 else 128 - code
+            # A failed rank's status goes out at once (mpiexec then stops the job); under
+            # mpiexec the others wait until every rank is done: a stub that exits first
+            # makes mpiexec kill the other stubs, and with them ranks still reporting.
+            ready = [c for c, code in held.items()
+                     if code or not mpiexec or len(held) == len(children)]
+            for conn in ready:
+                try:
+                    conn.sendall(str(held.pop(conn)).encode())
+                except OSError:
+                    pass
+                del children[conn]
+                sel.unregister(conn)
+                conn.close()
     finally:
         for pid in children.values():
             _kill(pid)
