@@ -56,7 +56,7 @@ def _check_run(job, complete=True):
         _check_init(sim["init"])
     logs = job.ranks(0)
     for rank, log in logs.items():
-        if any(not e.get("ddp") for e in log["epochs"]):
+        if any(not e["ddp"] for e in _states(log)):
             fail("trainer-ddp", f"rank {rank}: self.model is not a DistributedDataParallel: "
                  "wrap the model in DDP (every rank then starts from rank 0's parameters and DDP "
                  "averages the gradients in backward)")
@@ -148,8 +148,13 @@ def _check_sampler(rank, log, complete):
                  "order config.seed chooses")
 
 
+def _states(log, key="epochs"):
+    """The states a rank recorded that could be read (a failed reading carries no verdict)."""
+    return [entry for entry in log[key] if "error" not in entry]
+
+
 def _check_loader(rank, log):
-    for entry in log["epochs"]:
+    for entry in _states(log):
         loader = entry.get("loader", {})
         if not loader.get("sampler_is_self_sampler"):
             fail("trainer-loader", f"rank {rank}: self.loader does not draw from self.sampler: "
@@ -164,7 +169,7 @@ def _check_loader(rank, log):
 
 def _check_counters(rank, log):
     spe = steps_per_epoch(WORKERS)
-    for entry in log["epochs"]:
+    for entry in _states(log):
         e = entry["epoch"]
         got, want = (entry["epochs_run"], entry["step"]), (e, e * spe)
         if got != want:

@@ -1,7 +1,8 @@
-"""The worker side of notebook 05's checks: what every torchrun worker of a checked job runs.
+"""The worker side of notebook 05's checks: what every worker of a checked job runs.
 
-The checks (:mod:`.checks`, :mod:`.checks_snapshots`) start ``work/05_trainer.py`` under
-torchrun through this module's entry point::
+The checks (:mod:`.checks`, :mod:`.checks_snapshots`) start ``work/05_trainer.py`` through
+:mod:`.agent`, which forks the workers as torchrun would start them and calls
+:func:`worker_main` in each (under torchrun itself the module runs the same way)::
 
     python -m torch.distributed.run --nproc-per-node 2 \
         -m exercise_utils.ddp_torchrun_fault_tolerance.probes \
