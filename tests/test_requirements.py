@@ -12,8 +12,9 @@ each, each naming the clause it breaks and the case that must reject it (``tests
 * every flaw names an exercise, a clause of it and a case of that clause, and its patch applies;
 * every clause is broken by at least one flaw, and every case of the table rejects at least
   one flaw (a case that can reject nothing checks nothing); every exercise has two flaws;
-* every case a checker module names (``fail("case", ...)``, ``case="..."``, ``ctx.case("...")``)
-  is in the notebook's table, so no verification runs outside the contract.
+* every case the package's modules name (``fail("case", ...)``, ``case="..."``,
+  ``ctx.case("...")``) is in the notebook's table, so no verification runs outside the contract,
+  and every case of the table is named in those modules.
 """
 import ast
 import importlib
@@ -45,10 +46,17 @@ def notebook_text(number):
     return norm(" ".join("".join(c["source"]) for c in cells))
 
 
+def modules(number):
+    """The package's modules but its contract: checks, probes, references, inputs."""
+    folder = ROOT / "exercise_utils" / package(number)
+    return sorted(p for p in folder.glob("*.py") if p.stem != "requirements")
+
+
 def named_cases(number):
-    """``{case: module}`` for every literal case name in the notebook's checker modules."""
+    """``{case: module}`` for every literal case name the notebook's modules pass to ``fail``,
+    ``case=`` or ``ctx.case``."""
     found = {}
-    for path in sorted((ROOT / "exercise_utils" / package(number)).glob("checks*.py")):
+    for path in modules(number):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call):
                 continue
@@ -110,6 +118,11 @@ def test_every_case_the_checkers_name_is_in_the_contract(number):
     listed = {case for clauses in contract(number).values() for c in clauses for case in c.cases}
     stray = {case: module for case, module in named_cases(number).items() if case not in listed}
     assert not stray, f"cases named by the checkers but in no clause of the contract: {stray}"
+    literals = {node.value for path in modules(number)
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    unnamed = sorted(listed - literals)
+    assert not unnamed, f"cases of the contract that no module of the package names: {unnamed}"
 
 
 def test_the_rules_can_fail(monkeypatch):
@@ -143,4 +156,8 @@ def test_the_rules_can_fail(monkeypatch):
     with pytest.raises(AssertionError, match="is not one of clause"):
         test_every_clause_and_case_rejects_a_flaw("01")
     with pytest.raises(AssertionError, match="in no clause of the contract"):
+        test_every_case_the_checkers_name_is_in_the_contract("01")
+    monkeypatch.setattr(module, "CONTRACT", {**real, "shards": [
+        first._replace(cases=first.cases + ("nowhere-named",))] + real["shards"][1:]})
+    with pytest.raises(AssertionError, match="no module of the package names: .'nowhere-named'"):
         test_every_case_the_checkers_name_is_in_the_contract("01")
