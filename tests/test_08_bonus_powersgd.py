@@ -50,6 +50,17 @@ def test_release_regions_sit_inside_function_bodies(blank_file):
     assert_release_regions_in_function_bodies(blank_file, 3)
 
 
+def test_the_given_split_helper_cuts_every_shape_the_contract_names(blank_file):
+    """The release's own ``_split`` (given code) cuts 0-d and 4-d pieces too: students use it to
+    copy the uncompressed buffer back, and the check's models have 0-d parameters (it called
+    ``view(*shape)``, i.e. ``view()`` for a 0-d shape, a TypeError)."""
+    import torch
+    split = load_student(blank_file)._split
+    pieces = split(torch.arange(1 + 6 + 16, dtype=torch.float64), [(), (2, 3), (2, 2, 2, 2)])
+    assert [p.shape for p in pieces] == [torch.Size([]), (2, 3), (2, 2, 2, 2)]
+    assert pieces[1].flatten().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+
+
 def test_a_crash_in_powersgd_costs_only_its_own_points(tmp_path, solution_file):
     """reduce() raises on rank 1 only (of the world of 2 ranks, the first with a rank 1): the
     launch fails (rank 0 waits in its all_reduce); the local stages run again alone and pass;
