@@ -182,6 +182,7 @@ def check(func):
     def wrapper(*args, **kwargs):
         with session():
             return func(*args, **kwargs)
+    wrapper.__dtfs_check__ = True
     return wrapper
 
 

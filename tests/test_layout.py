@@ -128,6 +128,21 @@ def test_check_cells_import_from_their_notebooks_package():
                              flags=re.M), src[:200]
 
 
+def test_every_check_runs_in_one_session():
+    """Every check a CHECK cell calls is wrapped by ``harness.check`` (one zygote for its
+    launches: torch imported once per check, not once per launch)."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests"))
+    import flaws
+    bare = []
+    for number in flaws.numbers():
+        for exercise in flaws.checkers(number):
+            func, _ = flaws.checker(number, exercise)
+            if getattr(func, "__dtfs_check__", False) is not True:
+                bare.append(f"{number} {exercise}: {func.__module__}.{func.__name__}")
+    assert not bare, f"not decorated with @check (exercise_utils.harness.check): {bare}"
+
+
 # ------------------------------------------------------------------ the rules catch wrong inputs
 def test_rules_catch_wrong_inputs(tmp_path):
     assert unresolved("python -m exercise_utils.checks_mpi and exercise_utils.launch.torchrun") == [

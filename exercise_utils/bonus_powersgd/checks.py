@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import CheckFailure, fail
-from ..harness import HANG_AFTER, run_ranks
+from ..harness import HANG_AFTER, check, run_ranks
 from . import probes
 from . import reference as ref
 
@@ -160,6 +160,7 @@ def _eps_share(p, zero, eps=1e-8):
     return 4 * eps / min(norms) if norms and min(norms) > 0 else 0.0
 
 
+@check
 def check_orthogonalize(path, timeout=TIMEOUT):
     """Check ``orthogonalize(P)`` on every input of :data:`.reference.ORTHO_CASES`: the
     baseline's orthonormal columns, then its Gram-Schmidt structure, then one column, a zero
@@ -199,6 +200,7 @@ def _rank_message(shape, rank, rate, got, want, given):
     return f"{call} {did}, expected {want}: {why} {RANK_DOC}"
 
 
+@check
 def check_compression_rank(path, timeout=TIMEOUT):
     """Check ``compression_rank(shape, rank, min_compression_rate)`` on every case of
     :func:`.reference.rank_cases`, shapes as ``torch.Size`` (each case its own check case, in

@@ -24,6 +24,7 @@ Used in 08_bonus_powersgd.
 """
 import numpy as np
 
+from ..harness import check
 from ..contract import fail
 from . import reference as ref
 from .checks import TIMEOUT, _results
@@ -49,6 +50,7 @@ FLAWS = {
 }
 
 
+@check
 def check_powersgd(path, timeout=TIMEOUT):
     """Check ``PowerSGD`` on 1, 2 and 3 ranks in every setting (see the module docstring)."""
     for size, res in _results(path, "powersgd", timeout):

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..contract import CheckFailure, fail
-from ..harness import HANG_AFTER, assert_close, run_ranks
+from ..harness import HANG_AFTER, assert_close, check, run_ranks
 from . import probes, runner, tricks
 from .checks_rank import check_rank_process, distinct_ports  # noqa: F401 - the CHECK cell's
 from .probes import CONFIG, LAUNCH, ORIGINAL, TRAIN_RUNS, params
@@ -33,6 +33,7 @@ HANG_HINT = ("\nA rank that runs more minibatches than the others waits forever 
              "remainder) so that every rank runs the same number of minibatches.")
 
 
+@check
 def check_train(path, timeout=TIMEOUT):
     """Check the data-parallel ``train`` with 1, 2 and 3 ranks: equal to single-process
     training on the whole batch, from rank 0's model, with the leader alone keeping, updating
@@ -59,10 +60,10 @@ def check_train(path, timeout=TIMEOUT):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)          # the replays: tiny convolutions, 10x slower on 2 threads
     try:                              # of a busy machine
-        for check in (_check_slices, _check_init, _check_step, _check_leader, _check_ema,
-                      _check_validates, _check_returns):
+        for verdict in (_check_slices, _check_init, _check_step, _check_leader, _check_ema,
+                        _check_validates, _check_returns):
             for run in done:
-                check(run)
+                verdict(run)
     finally:
         torch.set_num_threads(threads)
 

@@ -12,7 +12,7 @@ failure names its case of the contract (:mod:`.requirements`).
 Used in 04_resnet_cifar_data_parallel.
 """
 from ..contract import fail
-from ..harness import HANG_AFTER, run_ranks
+from ..harness import HANG_AFTER, check, run_ranks
 from .probes import CONFIG, LAUNCH
 from .probes_rank import RUNS, probe_rank_process
 
@@ -28,6 +28,7 @@ def distinct_ports(n):
     return ports
 
 
+@check
 def check_rank_process(path, timeout=TIMEOUT):
     """Check ``rank_process`` with 1, 2 and 3 ranks, without a GPU, with one shared GPU and
     with a GPU per rank (simulated): the store, the group, their timeouts, backend and device,
@@ -38,11 +39,11 @@ def check_rank_process(path, timeout=TIMEOUT):
                     timeout=timeout, what="rank_process with 1, 2 and 3 ranks", warm_up=True,
                     case="rp-store")
     runs = [(run, [res[r][run[0]] for r in range(run[1])]) for run in RUNS if run[0] in res[0]]
-    for check in (_check_reached_train, _check_train_call, _check_store, _check_timeouts,
-                  _check_backend, _check_barrier, _check_destroy, _check_return, _check_raise):
+    for verdict in (_check_reached_train, _check_train_call, _check_store, _check_timeouts,
+                    _check_backend, _check_barrier, _check_destroy, _check_return, _check_raise):
         for run, outs in runs:
             for rank, out in enumerate(outs):
-                check(run, rank, out, f"rank {rank} of the run with {run[0]}")
+                verdict(run, rank, out, f"rank {rank} of the run with {run[0]}")
 
 
 def _check_reached_train(run, rank, out, where):

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, run_ranks
+from ..harness import HANG_AFTER, assert_close, check, run_ranks
 from . import probes
 from .checks_batchnorm import check_sync_batchnorm  # noqa: F401 - the CHECK cell imports it here
 from .probes import (AVG_GROUP_SPLIT, AVG_GROUPS, LABEL_CASES, PARTITIONER_CASES, avg_batches,
@@ -69,6 +69,7 @@ def _fmt(fractions):
     return "[" + ", ".join(f"{f:.12g}" for f in fractions) + "]"
 
 
+@check
 def check_partition(path, timeout=TIMEOUT):
     """Check ``partition_sizes``, ``DataPartitioner`` and ``label_partitions`` of ``path``.
 
@@ -241,6 +242,7 @@ def _why_ranks_differ(grads, first):
     return "every parameter's gradient must be reduced"
 
 
+@check
 def check_average_gradients(path, timeout=TIMEOUT):
     """Check ``average_gradients`` with 3 and 2 ranks (one launch each): SGD with unequal local
     batches equals single-process SGD on the concatenated batches, on FrozenTiedNet, on EdgeNet

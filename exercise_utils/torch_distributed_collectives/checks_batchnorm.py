@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, run_ranks
+from ..harness import HANG_AFTER, assert_close, check, run_ranks
 from . import probes_batchnorm
 from .probes_batchnorm import BN_STEPS, bn_cases, bn_data, bn_layer, bn_rows, bn_run
 
@@ -176,6 +176,7 @@ def _check_bn_groups(case, res, size):
         _check_bn_case(case, steps, x_eval, [res[r] for r in ranks], ranks, where, rows)
 
 
+@check
 def check_sync_batchnorm(path, timeout=TIMEOUT):
     """Check ``DistributedBatchNorm`` (via ``convert_batchnorm``) against ``nn.BatchNorm``
     on the concatenated batch: outputs, input and parameter gradients, running statistics,

@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from ..contract import CheckFailure, fail
-from ..harness import HANG_AFTER, run_ranks
+from ..harness import HANG_AFTER, check, run_ranks
 from ..integrity import VIOLATION
 from . import probes_ring
 from .probes_ring import (GROUP_CASE0, GROUP_CASES, GROUPS, P2P, SENDS, group_of, ring_cases,
@@ -60,6 +60,7 @@ PROMISES = {
 }
 
 
+@check
 def check_ring_allreduce(path, timeout=TIMEOUT):
     """Check ``ring_all_reduce`` of ``path``: sums, in place, chunked ring messages only.
 
