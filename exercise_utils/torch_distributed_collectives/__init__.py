@@ -4,11 +4,11 @@ a CPU SyncBatchNorm, the uneven-batch hang, and the seed notebook's five experim
 
 Modules:
 
-* ``checks``: ``check_partition``, ``check_average_gradients`` (and ``check_sync_batchnorm``,
-  imported from ``checks_batchnorm``);
-* ``checks_ring``: ``check_ring_allreduce``; ``checks_batchnorm``: ``check_sync_batchnorm``;
-* ``probes``, ``probes_ring``, ``probes_batchnorm``: what runs inside the ranks those checks
-  start;
+* ``checks``: ``check_partition``, ``check_average_gradients`` (``check_sync_batchnorm`` too,
+  from the next module);
+* ``checks_batchnorm``: ``check_sync_batchnorm``;
+* ``checks_ring``: ``check_ring_allreduce``;
+* ``probes``, ``probes_ring``, ``probes_batchnorm``: what runs inside the ranks those checks start;
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
 * ``bench``: the student's ring all-reduce against ``dist.all_reduce`` (a torchrun script);
