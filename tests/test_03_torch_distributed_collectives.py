@@ -139,6 +139,19 @@ def test_benchmark_refuses_a_wrong_ring(tmp_path):
                                       extra=("--sizes-kib", "1", "--repeats", "1"))
 
 
+def test_the_given_convert_batchnorm_keeps_the_dtype(tmp_path):
+    """convert_batchnorm (given code of the release) builds the new layer in the old one's
+    dtype: a float64 BatchNorm stays float64 (it became float32, and the docstring promises
+    that float64 inputs keep their dtype)."""
+    import torch
+    from exercise_utils.rankworker import load_student
+    blank = extract_writefiles(ROOT / "notebooks" / f"{STEM}.ipynb", tmp_path)
+    module = load_student(blank["03_sync_batchnorm"])
+    layer = module.convert_batchnorm(torch.nn.BatchNorm1d(4).double())
+    assert {str(t.dtype) for t in layer.state_dict().values()} == {"torch.float64",
+                                                                    "torch.int64"}
+
+
 # ------------------------------------------------------------------ pure functions (Hypothesis)
 @pytest.fixture(scope="module")
 def partition(solution_files):
