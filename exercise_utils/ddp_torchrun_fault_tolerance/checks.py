@@ -79,8 +79,9 @@ def _check_run(job, complete=True):
 def _check_setup(setup):
     """``ddp_setup`` as worker 3 of 4 (LOCAL_RANK 1), without CUDA and with it (simulated)."""
     env = ", ".join(f"{k}={FAKE_ENV[k]}" for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-    for kind, backend, device in (("cpu", "gloo", "cpu"), ("cuda", "nccl", "cuda:1")):
-        got, case = setup[kind], f"setup-{kind}"
+    for kind, case, backend, device in (("cpu", "setup-cpu", "gloo", "cpu"),
+                                        ("cuda", "setup-cuda", "nccl", "cuda:1")):
+        got = setup[kind]
         where = (f"ddp_setup(config) for the worker {env} on a machine "
                  f"{'with' if kind == 'cuda' else 'without'} CUDA (simulated: no group is joined)")
         if "error" in got:
