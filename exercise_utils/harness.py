@@ -143,7 +143,7 @@ def _launch(worker_args, world_size, backend, limit, what, watch):
                     str(world_size), *worker_args], nprocs=world_size, **quiet)
 
 
-_SESSION = []       # the socket of the zygote serving the check that runs now (see session)
+_SESSION = []       # the check that runs now (see session): [{"tmp", "sock", "proc", "tag"}]
 
 
 @contextlib.contextmanager
@@ -151,29 +151,41 @@ def session():
     """Inside the block, every gloo and lone-process launch forks its ranks from one zygote
     (:mod:`.zygote`) that imports torch and the probes' modules once, instead of a new
     interpreter per launch importing them again (a check makes two to four launches). The
-    zygote is stopped when the block ends; nested blocks share it.
+    zygote starts at the block's first such launch (a check without one costs nothing) and is
+    stopped when the block ends; nested blocks share it.
     """
     if _SESSION:
         yield
         return
     with tempfile.TemporaryDirectory(prefix="dtfs-zygote-") as tmp:
-        sock = Path(tmp) / "zygote.sock"
-        env = {**os.environ, TAG: f"{os.getpid()}:{uuid.uuid4().hex}"}
-        proc = subprocess.Popen([sys.executable, "-m", "exercise_utils.zygote", "--socket",
-                                 str(sock)], env=env, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        state = {"tmp": tmp, "sock": None, "proc": None,
+                 "tag": f"{os.getpid()}:{uuid.uuid4().hex}"}
+        _SESSION.append(state)
         try:
-            while not sock.exists():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the check's zygote exited with {proc.returncode}")
-                time.sleep(0.01)
-            _SESSION.append(str(sock))
             yield
         finally:
             _SESSION.clear()
-            proc.kill()
-            proc.wait()
-            kill_processes(tagged_processes(env[TAG]))
+            if state["proc"] is not None:
+                state["proc"].kill()
+                state["proc"].wait()
+                kill_processes(tagged_processes(state["tag"]))
+
+
+def _session_socket():
+    """The socket of this session's zygote, started now if it is not running yet."""
+    state = _SESSION[0]
+    if state["sock"] is None:
+        sock = Path(state["tmp"]) / "zygote.sock"
+        env = {**os.environ, TAG: state["tag"]}
+        state["proc"] = proc = subprocess.Popen(
+            [sys.executable, "-m", "exercise_utils.zygote", "--socket", str(sock)], env=env,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        while not sock.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(f"the check's zygote exited with {proc.returncode}")
+            time.sleep(0.01)
+        state["sock"] = str(sock)
+    return state["sock"]
 
 
 def check(func):
@@ -195,7 +207,7 @@ def _session_command(worker_args, world_size):
         preload = ["torch", "torch.distributed", *preload]
     if "--warm-up" in worker_args:
         preload.append("torch._dynamo")
-    return [sys.executable, "-m", "exercise_utils.zygote", "--stub", _SESSION[0], "--spawn",
+    return [sys.executable, "-m", "exercise_utils.zygote", "--stub", _session_socket(), "--spawn",
             *[a for name in preload for a in ("--preload", name)], "--", "--spawn",
             str(world_size), *worker_args]
 

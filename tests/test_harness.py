@@ -135,6 +135,16 @@ def test_a_session_forks_every_launch_from_one_zygote(tmp_path):
     assert not psutil.pid_exists(first[0][0])
 
 
+def test_a_session_without_launches_starts_no_zygote():
+    """A check that launches nothing through run_ranks (05 runs torchrun jobs) pays for no
+    zygote: it starts at the first launch."""
+    import psutil
+    with harness.session():
+        time.sleep(0.5)
+        children = [" ".join(c.cmdline()) for c in psutil.Process().children(recursive=True)]
+        assert not [c for c in children if "exercise_utils.zygote" in c], children
+
+
 def test_syntax_error_is_reported(tmp_path):
     path = student(tmp_path, "def value(rank)\n    return rank\n")
     with pytest.raises(AssertionError, match="SyntaxError"):

@@ -2,14 +2,17 @@
 
 Modules:
 
-* ``checks``: ``check_zero2`` (``shard_flat`` and ``Zero2``), and from ``checks_zero3``
-  ``check_zero3`` and ``check_state_dict``: the judge;
+* ``checks``: ``check_zero2`` (``shard_flat`` and ``Zero2``): the judge, which also exports
+  the two checks of ``checks_zero3``;
+* ``checks_zero3``: ``check_zero3`` and ``check_state_dict``;
 * ``launches``: their launches (one per world size and stage set, kept per file content) and
   what the checkers share;
 * ``shards``: ``shard_flat``'s sweep, run in a lone process;
-* ``probes`` and ``probes_zero3``: what runs inside the ranks those checks start (with the
-  core's ``exercise_utils.recorder`` logging every collective), on the models, data and
+* ``probes``: what runs inside the ranks of ``check_zero2``'s launches (with the core's
+  ``exercise_utils.recorder`` logging every collective), on the models, data and
   single-process references of ``nets``;
+* ``probes_zero3``: the same for ``check_zero3`` and ``check_state_dict``;
+* ``nets``: those models, data and references;
 * ``memory``: the bytes of the tensors a rank actually holds (probes and benchmark);
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;

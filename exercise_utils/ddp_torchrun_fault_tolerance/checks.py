@@ -24,6 +24,7 @@ import math
 import tempfile
 
 from ..contract import fail
+from ..harness import check
 from .checks_snapshots import check_snapshots  # noqa: F401  (the CHECK cell imports it here)
 from .jobs import (BATCH, EPOCHS, RUN, SEED, TIMEOUT, TIMEOUT_S, TRAIN, require, run_job,
                    steps_per_epoch)
@@ -35,6 +36,7 @@ PHASES = {"setup": "setup-cpu", "init": "trainer-ddp", "load": "trainer-no-snaps
           "epoch": "trainer-set-epoch", "save": "trainer-save-every", "other": "trainer-ddp"}
 
 
+@check
 def check_trainer(path, timeout=TIMEOUT):
     """Check ``ddp_setup``, ``Trainer.__init__`` and ``run_epoch``: one job, no snapshots."""
     require(path)

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from ..contract import fail
+from ..harness import check
 from .jobs import EPOCHS, RUN, TIMEOUT, require, run_job, steps_per_epoch, worker_errors
 
 WORKERS = 2
@@ -35,6 +36,7 @@ PHASES_B = {"load": "resume-loads", "epoch": "resume-model", "save": "snapshot-c
 BUFFERS = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")   # per rank in DDP
 
 
+@check
 def check_snapshots(path, timeout=TIMEOUT):
     """Check ``save_snapshot`` and ``load_snapshot`` (module docstring: jobs A and B)."""
     require(path)

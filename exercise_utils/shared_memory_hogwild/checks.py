@@ -18,7 +18,7 @@ import math
 from collections import Counter
 
 from ..contract import fail
-from ..harness import HANG_AFTER, run_ranks
+from ..harness import HANG_AFTER, check, run_ranks
 from . import probes
 from .checks_hogwild import check_hogwild  # noqa: F401 - the CHECK cell imports it from here
 from .probes import sampler_cases, shuffled_order
@@ -48,6 +48,7 @@ def _reference(case, rank):
     return reference_partition(n, replicas, rank, shuffle, seed, epoch, drop_last)
 
 
+@check
 def check_sampler(path, timeout=SAMPLER_TIMEOUT):
     """Check ``partition_indices`` of ``path`` against ``torch.utils.data.DistributedSampler``."""
     got, reseeded = run_ranks(path, probes.probe_sampler, 1, "none", timeout=timeout,
@@ -56,10 +57,10 @@ def check_sampler(path, timeout=SAMPLER_TIMEOUT):
     for (group, *case), per_rank in zip(sampler_cases(), got):
         groups.setdefault(group, {})[tuple(case)] = per_rank
     base = groups["base"]
-    for check in (_check_type, _check_lengths, _check_cover, _check_epoch, _check_seed,
-                  _check_order, _check_no_shuffle, _check_dropped, _check_padding, _check_exact):
+    for rule in (_check_type, _check_lengths, _check_cover, _check_epoch, _check_seed,
+                 _check_order, _check_no_shuffle, _check_dropped, _check_padding, _check_exact):
         for case, per_rank in base.items():
-            check(case, per_rank, base)
+            rule(case, per_rank, base)
     for group in ("small", "empty", "signature"):
         for case, per_rank in groups[group].items():
             _check_type(case, per_rank, case_id=f"sampler-{group}")
@@ -115,12 +116,12 @@ def _check_cover(case, per_rank, groups):
                               f"same shuffle (seeded with seed + epoch only, never the rank)")
 
 
-def _differs_from(case, other, per_rank, groups, what, fix):
+def _differs_from(case, other, per_rank, groups, what, fix, case_id):
     if other == case or other not in groups or groups[other] != per_rank:
         return
     if [_reference(other, r) for r in range(case[1])] != [
             _reference(case, r) for r in range(case[1])]:
-        fail(f"sampler-{what}",
+        fail(case_id,
              f"partition_indices ignores the {what}: with dataset_len={case[0]}, num_replicas="
              f"{case[1]}, shuffle=True it returns the same indices for seed={other[3]}, "
              f"epoch={other[4]} and for seed={case[3]}, epoch={case[4]}: {short(per_rank, 4)}. "
@@ -132,14 +133,14 @@ def _check_epoch(case, per_rank, groups):
     if shuffle and n >= 10:     # (small permutations of other seeds can coincide by chance)
         _differs_from(case, (n, replicas, shuffle, seed, 0, drop_last, how), per_rank, groups,
                       "epoch", "seed the generator with seed + epoch, so that every epoch has "
-                               "a new order (that is what set_epoch is for)")
+                               "a new order (that is what set_epoch is for)", "sampler-epoch")
 
 
 def _check_seed(case, per_rank, groups):
     n, replicas, shuffle, seed, epoch, drop_last, how = case
     if shuffle and n >= 10:
         _differs_from(case, (n, replicas, shuffle, 0, epoch, drop_last, how), per_rank, groups,
-                      "seed", "seed the generator with seed + epoch")
+                      "seed", "seed the generator with seed + epoch", "sampler-seed")
 
 
 def _check_order(case, per_rank, groups, shuffle=True, case_id="sampler-order"):

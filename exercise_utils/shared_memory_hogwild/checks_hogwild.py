@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, run_ranks, state_arrays
+from ..harness import HANG_AFTER, assert_close, check, run_ranks, state_arrays
 from . import probes
 from .probes import (BATCH, CRASH_WORKERS, EPOCHS, KILL_WORKERS, LR, N_SAMPLES, SEED,
                      SERIAL_CASES, WORKERS, make_model, task_data)
@@ -32,6 +32,7 @@ MIN_ACCURACY = 0.7                          # chance is 0.25; the solution reach
 TOLERANCE = {"float32": (1e-5, 1e-4), "float64": (1e-12, 1e-10)}   # atol, rtol
 
 
+@check
 def check_hogwild(path, timeout=HOGWILD_TIMEOUT):
     """Check ``train_worker`` and ``hogwild`` of ``path``: partitions, epochs, threads, plain
     SGD in place on any model, worker processes started together and running lock-free on the
