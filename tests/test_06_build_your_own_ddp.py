@@ -13,9 +13,12 @@ import statistics
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exercise_utils import cluster
 from exercise_utils.build_your_own_ddp import bench, checks, checks_overlap, network
+from exercise_utils.build_your_own_ddp import probes_grad, probes_init, reference
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 import flaws
 from grading import assert_release_regions_in_function_bodies, autograde_solution_and_blank
@@ -55,6 +58,134 @@ def test_one_stage_crashing_costs_only_its_own_points(tmp_path):
     path = flaws.write("06", flaw, tmp_path)
     for name in ("api", "naive", "flat", "overlap"):
         CHECKERS[name](path)
+
+
+# ------------------------------------------------------------------ pure functions (Hypothesis)
+@pytest.fixture(scope="module")
+def solution(tmp_path_factory):
+    """The solution's 06_myddp.py as a module, without communication: broadcast_parameters
+    does nothing and ``dist`` answers rank 0 of 1 (partition_dataset's tests set it)."""
+    from types import SimpleNamespace
+    from exercise_utils.rankworker import load_student
+    module = load_student(extract_writefiles(SOLUTION, tmp_path_factory.mktemp("sol06"))["06_myddp"])
+    module.broadcast_parameters = lambda model, root=0: None
+    module.dist = SimpleNamespace(get_rank=lambda: 0, get_world_size=lambda: 1)
+    return module
+
+
+NBYTES = st.lists(st.integers(0, 300), min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(nbytes=NBYTES, cap=st.integers(1, 1000))
+def test_reference_packing_meets_the_contract(nbytes, cap):
+    """Every item once, in the order given; no empty bucket; a bucket above the cap holds one
+    item (larger than the cap); greedy: the next bucket's first item would have taken the
+    previous one over the cap, and a bucket may hold exactly the cap."""
+    buckets = reference.pack(nbytes, cap)
+    assert [i for b in buckets for i in b] == list(range(len(nbytes))) and all(buckets)
+    for bucket in buckets:
+        assert sum(nbytes[i] for i in bucket) <= cap or len(bucket) == 1
+    for prev, nxt in zip(buckets, buckets[1:]):
+        assert sum(nbytes[i] for i in prev) + nbytes[nxt[0]] > cap
+    assert reference.pack([cap // 2, cap - cap // 2], cap) == [[0, 1]]
+
+
+PARAMS = st.lists(st.tuples(st.integers(0, 40), st.sampled_from(["float32", "float64",
+                                                                  "float16"]), st.booleans()),
+                  min_size=1, max_size=10)
+
+
+@settings(max_examples=150, deadline=None)
+@given(params=PARAMS, cap=st.integers(1, 600))
+def test_solution_buckets_equal_the_reference(solution, params, cap):
+    """BucketDDP's buckets: the trainable parameters in reverse registration order, packed by
+    their bytes (numel * element_size, any dtype) with a cap of bucket_cap_mb MiB."""
+    import torch
+    module = torch.nn.Module()
+    for i, (numel, dtype, trainable) in enumerate(params):
+        module.register_parameter(f"p{i}", torch.nn.Parameter(
+            torch.zeros(numel, dtype=getattr(torch, dtype)), requires_grad=trainable))
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad][::-1]
+    if not named:
+        return
+    want = [[named[i][0] for i in b] for b in reference.pack(
+        [p.numel() * p.element_size() for _, p in named], cap)]
+    assert solution.BucketDDP(module, bucket_cap_mb=cap / 2 ** 20).buckets == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 100), steps=st.integers(1, 3), seed=st.integers(0, 2 ** 31))
+def test_solution_partition_trains_the_same_steps_at_every_world_size(solution, n, steps, seed):
+    """1 to 4 ranks: per_rank_batch = batch_size // world_size, len(dataset) // batch_size
+    batches of it on every rank, disjoint shares, and step k's global batch the same whatever
+    the number of ranks; an indivisible batch size raises ValueError."""
+    from types import SimpleNamespace
+    import torch
+    batch, data = 12 * steps, torch.utils.data.TensorDataset(torch.arange(n))
+    global_steps = {}
+    for size in (1, 2, 3, 4):
+        shares = []
+        for rank in range(size):
+            solution.dist = SimpleNamespace(get_rank=lambda r=rank: r,
+                                            get_world_size=lambda s=size: s)
+            loader, per_rank = solution.partition_dataset(data, batch, seed)
+            shares.append([b[0].tolist() for b in loader])
+            assert per_rank == batch // size and shares[-1] == [
+                b for b in shares[-1] if len(b) == per_rank]
+            assert len(shares[-1]) == n // batch
+            if size > 1:
+                with pytest.raises(ValueError):
+                    solution.partition_dataset(data, batch + 1, seed)
+        flat = [i for share in shares for b in share for i in b]
+        assert len(flat) == len(set(flat))
+        global_steps[size] = [sorted(i for share in shares for i in share[k])
+                              for k in range(n // batch)]
+    assert global_steps[1] == global_steps[2] == global_steps[3] == global_steps[4]
+
+
+def test_the_sweeps_reach_every_edge_the_contract_names():
+    """init: torchrun and MPICH's variables at 1, 2 and 3 processes, Open MPI's, none at all
+    (the default rendezvous), two hosts with (simulated) GPUs, a second call. Buckets: a bucket
+    exactly at the cap and a parameter larger than it; caps at which a decimal-MB cap, a bucket
+    closed at the cap and 4 bytes per float64 element each pack differently; float32 and
+    float64. Models: frozen, tied, transposed, 0-d, unused parameters, an int64 counter above
+    2**24 (odd: no float32 holds it), float64 values no float32 holds. partition_dataset: a
+    dataset the global batch does not divide, where a padding sampler yields one step more."""
+    import torch
+    cases = {(c, launcher, size) for c, launcher, size, _, _ in probes_init.INIT_CASES}
+    for case, launcher in (("init-torchrun", "torchrun"), ("init-mpiexec", "mpich")):
+        assert {(case, launcher, s) for s in (1, 2, 3)} <= cases
+    opts = [o for *_, o in probes_init.INIT_CASES]
+    assert any(c == "init-openmpi" for c, *_ in probes_init.INIT_CASES)
+    assert {"defaults", "gpu", "twice"} <= {k for o in opts for k in o}
+    assert any(o.get("gpu") and size > per for _, _, size, per, o in probes_init.INIT_CASES)
+    rules = [dict(), dict(element_size=4), dict(over=lambda used, cap: used >= cap)]
+    packings = {}
+    for case, spec, _ in probes_grad.BUCKET_CASES:
+        cap = reference.BUCKET_CAPS[case]
+        model = reference.make_model(spec)
+        sizes = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
+        buckets = reference.expected_buckets(spec, cap)
+        packings[case] = [str(reference.expected_buckets(spec, cap, **rule)) for rule in rules]
+        packings[case].append(str(reference.expected_buckets(spec, cap * 1e6 / 2 ** 20)))
+        if case == "buckets-values":
+            assert any(sum(sizes[n] for n in b) == cap and len(b) > 1 for b in buckets)
+            assert any(sizes[b[0]] > cap for b in buckets)
+    for i in (1, 2, 3):        # each mistaken rule differs from the right one in some run
+        assert any(p[i] != p[0] for p in packings.values())
+    assert any(p[2] != p[3] for p in packings.values())     # closed at cap vs decimal MB
+    assert packings["buckets-float64"][1] != packings["buckets-float64"][0]
+    edge = reference.seeded_model("edge-unused64", 3)
+    assert edge.proj.grad is None and not edge.proj.is_contiguous() and edge.scale.dim() == 0
+    assert not edge.frozen.requires_grad and edge.out.weight is edge.back.weight
+    counter = int(edge.bn.num_batches_tracked)
+    assert counter > 2 ** 24 and counter % 2 == 1 and edge.bn.num_batches_tracked.dtype == torch.int64
+    assert any((p.float().double() != p).any() for p in edge.parameters())
+    assert reference.DATA_SIZE % reference.GLOBAL_BATCH
+    for size in (2, 3):
+        padded = -(-reference.DATA_SIZE // size) // (reference.GLOBAL_BATCH // size)
+        assert padded > reference.DATA_SIZE // reference.GLOBAL_BATCH
 
 
 # ------------------------------------------------------------------ whole notebook

@@ -4,14 +4,19 @@ overlapped with backward and bucketed, benchmarked against ``DistributedDataPara
 Modules:
 
 * ``checks``: ``check_api``, ``check_naive``, ``check_flat``;
+* ``checks_api``: the parts of ``check_api`` for ``init`` (under simulated launchers) and
+  ``DistributedOptimizer``;
 * ``checks_overlap``: ``check_overlap`` and ``check_buckets``;
 * ``launches``: the launches the checks share (one per world size for every stage, kept per
   file content), and the rejection of communication below the recorder;
-* ``probes``: what runs inside the ranks those checks start (one probe a stage), with the
-  core's ``exercise_utils.recorder`` logging every collective they see;
+* ``probes``: what runs inside the ranks of ``check_api``'s launches, many cases per launch,
+  with the core's ``exercise_utils.recorder`` logging every collective they see;
+* ``probes_grad``: the same for naive, flat, overlap and buckets;
+* ``probes_init``: the simulated jobs of ``init`` (torchrun's and MPICH's variables);
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
-* ``reference``: the models, batches and single-process replay probes and checks share;
+* ``reference``: the models (float32 and float64 EdgeNets among them), batches and
+  single-process replay probes and checks share;
 * ``bench``: the student's stages against torch DDP (a torchrun script), tables and plots;
 * ``network``: the same benchmark on two hosts with links of 100 Mbit/s, 1 Gbit/s and
   unshaped: where overlap and buckets pay.

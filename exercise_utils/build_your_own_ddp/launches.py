@@ -7,7 +7,8 @@ unchanged file cost two launches. When a launch fails (a crash or a hang), the s
 keeps that error and the other stages run again without it, so one broken stage costs only its
 own points. Communication that bypassed the recorded ``torch.distributed`` functions
 (:mod:`.recorder`) fails the stage it happened in: a collective below them as an integrity
-violation.
+violation. Every failure is a :class:`~exercise_utils.contract.CheckFailure` charged to a case
+of the contract (:mod:`.requirements`): the case the ranks were running (``ctx.case``).
 
 Used in 06_build_your_own_ddp (by :mod:`.checks` and :mod:`.checks_overlap`).
 """
@@ -16,6 +17,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from ..contract import CheckFailure
 from ..harness import HANG_AFTER, run_ranks
 from .. import recorder
 from . import probes
@@ -38,25 +40,28 @@ def stage_results(path, stage, timeout):
     """Yield ``(size, where, per-rank results of stage)`` for 2 then 3 ranks."""
     path = Path(path)
     if not path.is_file():
-        raise AssertionError(f"{path} does not exist: run the %%writefile cell that creates "
-                             "it first.")
+        raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates "
+                           "it first.")
     digest, failed = hashlib.sha256(path.read_bytes()).hexdigest(), set()
     for size, backend, where in WORLDS:
         entry = _CACHE.setdefault((digest, size), {"results": {}, "errors": {}})
         while stage not in entry["results"]:
             if stage in entry["errors"]:
-                error = entry["errors"][stage]
-                if " hung: " in error:       # maybe a busy machine: try again next time
+                message, case = entry["errors"][stage]
+                if " hung: " in message:     # maybe a busy machine: try again next time
                     del entry["errors"][stage]
-                raise AssertionError(error)
+                raise CheckFailure(message, case)
             todo = [s for s in probes.STAGES if s not in entry["results"] and s not in
                     entry["errors"] and (s == stage or s not in failed)]
             results, errors = _launch(path, size, backend, todo, stage, timeout)
             entry["results"].update(results)
             entry["errors"].update(errors)
         failed |= set(entry["errors"])       # a stage that failed with 2 ranks: not again
-        recorder.verify_no_hidden(entry["results"][stage], f"in stage '{stage}'",
-                                  "dist.all_reduce / dist.broadcast")
+        try:
+            recorder.verify_no_hidden(entry["results"][stage], f"in stage '{stage}'",
+                                      "dist.all_reduce / dist.broadcast")
+        except AssertionError as err:
+            raise CheckFailure(str(err), HIDDEN_CASE[stage]) from None
         yield size, where, entry["results"][stage]
 
 
@@ -69,11 +74,23 @@ def _launch(path, size, backend, stages, wanted, timeout):
                             dict(stages=stages, progress=progress,
                                  gloo_timeout=min(GLOO_TIMEOUT, timeout / 2)), timeout,
                             what=f"06_myddp.py with {size} ranks")
-        except AssertionError as err:
+        except CheckFailure as err:
             where, note = _where_failed(progress, str(err), size)
             failed = where.split(":")[0] if where.split(":")[0] in stages else wanted
-            return {}, {failed: f"{err}{note}{_context(where)}"}
+            case = err.case if stage_of(err.case) == failed else probes.FIRST_CASE[failed]
+            return {}, {failed: (f"{err}{note}{_context(where)}", case)}
     return {s: [r[s] for r in res] for s in stages}, {}
+
+
+HIDDEN_CASE = {"api": "bcast-values", "naive": "naive-calls", "flat": "flat-one-buffer",
+               "overlap": "overlap-calls", "buckets": "buckets-calls"}
+
+
+def stage_of(case):
+    """The stage whose probe runs ``case`` (the cases of the API: init, bcast, partition,
+    dopt)."""
+    prefix = (case or "").split("-")[0]
+    return "api" if prefix in ("init", "bcast", "partition", "dopt") else prefix
 
 
 def _where_failed(folder, message, size):
@@ -94,14 +111,16 @@ def _where_failed(folder, message, size):
 
 
 def _context(where):
-    if where == "buckets:bn":
-        return (f"\n(while checking BucketDDP(BNNet(), bucket_cap_mb={ref.BUCKET_CAPS['bn']} "
-                f"/ 2**20), a {ref.BUCKET_CAPS['bn']}-byte cap: its fc1.weight has 640 bytes; a "
-                f"parameter larger than the cap must get a bucket of its own)")
+    if where.startswith("buckets"):
+        cap = ref.BUCKET_CAPS["buckets-values"]
+        return (f"\n(while checking BucketDDP(EdgeNet(), bucket_cap_mb={cap} / 2**20), a "
+                f"{cap}-byte cap among others: its out.weight and proj have 256 bytes each; a "
+                "parameter larger than the cap must get a bucket of its own)")
     if where in ("naive", "flat"):
         return (f"\n(while checking allreduce_{where}: among the parameters it is given are "
-                "some without a gradient, frozen ones and one unused in this backward "
-                "(requires_grad True, grad None): skip every parameter whose grad is None)")
+                "some without a gradient, frozen ones and ones unused in this backward "
+                "(requires_grad True, grad None): skip every parameter whose grad is None; "
+                "one is stored transposed, one is 0-d)")
     return f"\n(while checking stage '{where.split(':')[0]}' of your file)"
 
 
@@ -109,6 +128,6 @@ def raise_if_todo(res, path):
     for out in res:
         todo = (out.get("init") or {}).get("todo") or out.get("todo")
         if todo:
-            raise AssertionError(f"not implemented yet: {todo} in {path} still raises "
+            raise CheckFailure(f"not implemented yet: {todo} in {path} still raises "
                                  f"NotImplementedError. Replace the `raise` line with your "
                                  f"code, then run the %%writefile cell again.")

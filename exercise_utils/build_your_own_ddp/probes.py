@@ -6,12 +6,13 @@ joins the job with the student's ``init`` (or by itself when ``init`` is not wri
 replaces every ``torch.distributed`` collective by a recording wrapper (which collective,
 how many elements, ``async_op``, when its ``wait()`` came; collectives that reach the
 ProcessGroup below them are kept per stage as ``hidden``: :mod:`.recorder`) and runs one
-probe per graded stage: ``api``, ``naive``, ``flat``, ``overlap``, ``buckets`` (which ends
-with a layer skipped in one step: ``_train_unused``). For the stages that broadcast
-(``api``, ``overlap``, ``buckets``) the models come seeded differently on every rank, so a
-missing broadcast shows; ``allreduce_naive`` / ``allreduce_flat`` get the same
-start on every rank (they only average). The models, batches and the replay the checker
-compares with are in :mod:`.reference`.
+probe per graded stage: ``api`` (here), ``naive``, ``flat``, ``overlap``, ``buckets``
+(:mod:`.probes_grad`). Each input case of a stage is announced with ``ctx.case`` (a crash or a
+hang is charged to it). For the stages that broadcast (``api``, ``overlap``, ``buckets``) the
+models come seeded differently on every rank, so a missing broadcast shows;
+``allreduce_naive`` / ``allreduce_flat`` get the same start on every rank (they only average).
+The models, batches and the replay the checker compares with are in :mod:`.reference`;
+``init`` under every launcher and world size is probed on its own (:mod:`.probes_init`).
 
 Used in 06_build_your_own_ddp (by :mod:`.checks` and :mod:`.checks_overlap`).
 """
@@ -24,13 +25,21 @@ import torch._dynamo  # noqa: F401 - the ranks' optimizers need it: imported onc
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..models import TinyMLP
 from ..rankworker import not_implemented
 from ..recorder import Recorder
-from .reference import (BUCKET_CAPS, DATA_SIZE, GLOBAL_BATCH, LR, MOMENTUM, STEPS, UNUSED_AT,
-                        batch, dataset, grads_of, named_state, seeded_model)
+from . import probes_grad
+from .reference import (DATA_SIZE, GLOBAL_BATCH, LR, MOMENTUM, dataset, grads_of,
+                        named_state, seeded_model)
 
 STAGES = ("api", "naive", "flat", "overlap", "buckets")
+
+# (case, root: "last" or a rank, spec) of broadcast_parameters
+BROADCAST_CASES = [("bcast-values", 0, "edge"), ("bcast-root", "last", "edge"),
+                   ("bcast-float64", "middle", "edge64")]
+# (case, strategy, how the loop calls the optimizer) of DistributedOptimizer, on "edge"
+OPTIMIZER_CASES = [("dopt-naive", "naive", "loop"), ("dopt-flat", "flat", "loop"),
+                   ("dopt-callable", "callable", "loop"), ("dopt-closure", "flat", "closure"),
+                   ("dopt-zero-grad", "naive", "zero_grad")]
 
 
 # ---------------------------------------------------------------- the probe
@@ -40,6 +49,7 @@ def probe(student, ctx, stages, progress, gloo_timeout):
     results, rec = {}, Recorder()
     _progress(progress, ctx.rank, "api:init")
     if "api" in stages:
+        ctx.case("init-mpiexec" if ctx.backend == "mpi" else "init-torchrun")
         results["api"] = {"init": _try(student, lambda: _init(student, ctx, gloo_timeout))}
     if not dist.is_initialized():
         dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.size,
@@ -52,11 +62,13 @@ def probe(student, ctx, stages, progress, gloo_timeout):
     try:
         for stage in stages:
             _progress(progress, ctx.rank, stage)
+            ctx.case(FIRST_CASE[stage])
             out = _try(student, lambda: PROBES[stage](student, ctx, rec, progress))
             results.setdefault(stage, {}).update(out, hidden=rec.take_hidden())
     finally:
         rec.uninstall()
     _progress(progress, ctx.rank, "done")
+    ctx.case(None)
     gc.collect()        # free the hooks, handles and graphs that hold the group (gloo abort)
     dist.barrier()
     dist.destroy_process_group()
@@ -97,14 +109,11 @@ def _init(student, ctx, gloo_timeout):
             "group": [dist.get_rank(), dist.get_world_size()] if ok else None}
 
 
+# ---------------------------------------------------------------- stage 1: the API
 def probe_api(student, ctx, rec, progress):
-    torch.manual_seed(50 + ctx.rank)
-    model, root = TinyMLP(), ctx.size - 1
-    before, ptrs = named_state(model), [p.data_ptr() for p in model.parameters()]
-    student.broadcast_parameters(model, root=root)
-    out = {"broadcast": {"root": root, "before": before, "after": named_state(model),
-                         "in_place": ptrs == [p.data_ptr() for p in model.parameters()]}}
+    out = {"broadcast": [_broadcast(student, ctx, *case) for case in BROADCAST_CASES]}
     data = torch.utils.data.TensorDataset(*dataset())
+    ctx.case("partition-indivisible")
     try:
         student.partition_dataset(data, GLOBAL_BATCH + 1)
         out["indivisible"] = "returned normally"
@@ -112,6 +121,7 @@ def probe_api(student, ctx, rec, progress):
         out["indivisible"] = None
     except Exception as exc:  # noqa: BLE001 - reported by the checker
         out["indivisible"] = f"raised {type(exc).__name__}: {exc}"
+    ctx.case("partition-sizes")
     loader, per_rank = student.partition_dataset(data, GLOBAL_BATCH, seed=0)
     out["per_rank"], out["batches"] = int(per_rank), [b[2].tolist() for b in loader]
     sizes = [len(b) for b in out["batches"]]
@@ -119,139 +129,108 @@ def probe_api(student, ctx, rec, progress):
     rec.call("all_reduce", fits, op=dist.ReduceOp.MIN)
     if fits.item() < 1:         # no training on wrong batches: the checker reports them
         return out
-    out["train"] = {s: _train_api(student, ctx, data, s) for s in ("naive", "flat")}
+    ctx.case("partition-seed")
+    loader, _ = student.partition_dataset(data, GLOBAL_BATCH, seed=1)
+    out["seed1"] = [b[2].tolist() for b in loader]
+    out["train"] = {case: _train_api(student, ctx, data, case, strategy, how)
+                    for case, strategy, how in OPTIMIZER_CASES}
     return out
 
 
-def _train_api(student, ctx, data, strategy):
-    log, all_reduce = [], dist.all_reduce
+def _broadcast(student, ctx, case, root, spec):
+    ctx.case(case)
+    root = {"last": ctx.size - 1, "middle": ctx.size // 2}.get(root, root)
+    model = seeded_model(spec, 50 + ctx.rank)
+    tensors = list(model.parameters()) + list(model.buffers())
+    before, ptrs = named_state(model), [t.data_ptr() for t in tensors]
+    student.broadcast_parameters(model, root=root)
+    return {"root": root, "before": before, "after": named_state(model),
+            "in_place": ptrs == [t.data_ptr() for t in tensors]}
 
-    def reference(kind):
-        def reduce(params):
-            with_grad = [p for p in params if p.grad is not None]
-            log.append(f"{kind} of {len(with_grad)} gradients")
-            for p in with_grad:
-                all_reduce(p.grad)          # the recorder's wrapper: counted, not checked
-                p.grad.div_(ctx.size)
-        return reduce
+
+def _reference_reduce(ctx, log, kind):
+    """The averaging the API's optimizer calls (the probe's own, so that a mistake in
+    allreduce_naive / allreduce_flat never shows in the API's check)."""
+    def reduce(params):
+        with_grad = [p for p in params if p.grad is not None]
+        log.append(f"{kind} of {len(with_grad)} gradients")
+        for p in with_grad:
+            dist.all_reduce(p.grad)          # the recorder's wrapper: counted, not checked
+            p.grad.div_(ctx.size)
+    return reduce
+
+
+def _train_api(student, ctx, data, case, strategy, how):
+    """Train with DistributedOptimizer on partition_dataset's batches; log the calls."""
+    ctx.case(case)
+    log = []
     saved = student.allreduce_naive, student.allreduce_flat
-    student.allreduce_naive, student.allreduce_flat = reference("naive"), reference("flat")
+    student.allreduce_naive = _reference_reduce(ctx, log, "naive")
+    student.allreduce_flat = _reference_reduce(ctx, log, "flat")
+    if strategy == "callable":
+        strategy = _reference_reduce(ctx, log, "callable")
     try:
-        model = seeded_model("bn", 100 + ctx.rank)
+        model = seeded_model("edge", 100 + ctx.rank)
         init = named_state(model)
         student.broadcast_parameters(model, root=0)
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
         inner_step, inner_zero = opt.step, opt.zero_grad
+
+        def zero_grad(set_to_none=True):
+            log.append(f"optimizer.zero_grad(set_to_none={set_to_none})")
+            return inner_zero(set_to_none=set_to_none)
         opt.step = lambda *a, **k: (log.append("optimizer.step"), inner_step(*a, **k))[1]
-        opt.zero_grad = lambda *a, **k: (log.append("optimizer.zero_grad"), inner_zero(*a, **k))[1]
+        opt.zero_grad = zero_grad
         dopt = student.DistributedOptimizer(opt, model, strategy=strategy)
         loader, _ = student.partition_dataset(data, GLOBAL_BATCH, seed=1)
-        batches = []
-        for x, y, idx in loader:
-            dopt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            log.append("backward")
-            dopt.step()
+        batches, losses, grads = [], [], []
+        for step, (x, y, idx) in enumerate(loader):
+            losses.append(_one_step(dopt, model, x, y, log, how, step))
             batches.append(idx.tolist())
+            grads.append(grads_of(model))
     finally:
         student.allreduce_naive, student.allreduce_flat = saved
-    return {"init": init, "batches": batches, "final": named_state(model), "log": log}
+    return {"init": init, "batches": batches, "final": named_state(model), "log": log,
+            "losses": losses, "grads": grads}
 
 
-def _probe_reduce(function):
-    def run(student, ctx, rec, progress):
-        out = {}
-        for name in ("tied", "bn"):
-            model = seeded_model(name, 0)               # the same start on every rank
-            init, steps, grads = named_state(model), [], None
-            opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-            unused = torch.nn.Parameter(torch.zeros(3))     # trainable, never gets a gradient
-            for step in range(STEPS):
-                opt.zero_grad(set_to_none=True)
-                x, y = batch(name, step, ctx.rank)
-                F.cross_entropy(model(x), y).backward()
-                rec.take()
-                getattr(student, function)([unused] + list(model.parameters()))
-                steps.append(rec.take())
-                grads = grads or grads_of(model)
-                opt.step()
-            out[name] = {"init": init, "final": named_state(model), "events": steps,
-                         "grads": grads}
-        return out
-    return run
+def _one_step(dopt, model, x, y, log, how, step):
+    """One step as ``how`` says: "loop" (zero_grad, backward, step), "closure" (step(closure)
+    with the gradients of the previous step still there: returns [what step returned, the
+    closure's loss]), "zero_grad" (set_to_none=False, the default, False again: what the
+    gradients are after each is logged)."""
+    x = x.to(model.head.weight.dtype)
+    computed = []
+
+    def closure():
+        log.append("closure")
+        dopt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        log.append("backward")
+        computed.append(float(loss))
+        return loss
+    if how == "closure":
+        returned = dopt.step(closure)
+        if isinstance(returned, (torch.Tensor, float)):
+            returned = float(returned)
+        return [returned if isinstance(returned, float) else repr(returned),
+                computed[-1] if computed else None]
+    if how == "zero_grad" and step != 1:
+        dopt.zero_grad(set_to_none=False)
+    else:
+        dopt.zero_grad()
+    if how == "zero_grad":
+        kept = [p.grad for p in model.parameters() if p.grad is not None]
+        log.append(f"then {len(kept)} gradients, all zero: {all(not g.any() for g in kept)}")
+    F.cross_entropy(model(x), y).backward()
+    log.append("backward")
+    dopt.step()
+    return None
 
 
-def _train_ddp(student, ctx, rec, name, make_ddp, no_sync_first=False):
-    model = seeded_model(name, 100 + ctx.rank)
-    init = named_state(model)
-    for pname, p in model.named_parameters():
-        if p.requires_grad:      # registered before the student's hooks: they run first
-            p.register_post_accumulate_grad_hook(lambda _, n=pname: rec.mark("ready", n))
-    ddp = make_ddp(model)
-    after_init, steps, grads = named_state(model), [], None
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    for step in range(STEPS):
-        opt.zero_grad(set_to_none=True)
-        rec.take()
-        if step == 0 and no_sync_first:
-            with ddp.no_sync():
-                F.cross_entropy(ddp(batch(name, 0, ctx.rank, 1)[0]),
-                                batch(name, 0, ctx.rank, 1)[1]).backward()
-            rec.mark("no_sync_end")
-        x, y = batch(name, step, ctx.rank)
-        x.requires_grad_(True)
-        x.register_hook(lambda g: rec.mark("input_grad"))
-        F.cross_entropy(ddp(x), y).backward()
-        rec.mark("backward_done")
-        ddp.finish_gradient_synchronization()
-        steps.append(rec.take())
-        grads = grads or grads_of(model)
-        opt.step()
-    return ddp, {"init": init, "after_init": after_init, "final": named_state(model),
-                 "events": steps, "grads": grads}
-
-
-def probe_overlap(student, ctx, rec, progress):
-    return {name: _train_ddp(student, ctx, rec, name, student.OverlapDDP)[1]
-            for name in ("tied", "bn")}
-
-
-def probe_buckets(student, ctx, rec, progress):
-    out = {}
-    for name in ("tied", "bn"):
-        _progress(progress, ctx.rank, f"buckets:{name}")
-        cap = BUCKET_CAPS[name] / 2 ** 20
-        ddp, out[name] = _train_ddp(student, ctx, rec, name,
-                                    lambda m: student.BucketDDP(m, bucket_cap_mb=cap), True)
-        names = {id(p): n for n, p in ddp.module.named_parameters()}
-        out[name]["buckets"] = [[b if isinstance(b, str) else names.get(id(b), repr(b))
-                                 for b in bucket] for bucket in ddp.buckets]
-    _progress(progress, ctx.rank, "buckets:unused")
-    out["unused"] = _train_unused(student, ctx)
-    return out
-
-
-def _train_unused(student, ctx):
-    """BucketDDP(BranchNet), the branch skipped in step UNUSED_AT (its parameters get no
-    gradient): ``{"error": [step, type, message, is RuntimeError] or None, "final": state}``,
-    the error being what finish_gradient_synchronization raised (training stops there)."""
-    model = seeded_model("branch", 100 + ctx.rank)
-    ddp = student.BucketDDP(model, bucket_cap_mb=BUCKET_CAPS["branch"] / 2 ** 20)
-    opt, error = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM), None
-    for step in range(UNUSED_AT + 1):
-        opt.zero_grad(set_to_none=True)
-        model.use_branch = step != UNUSED_AT
-        x, y = batch("branch", step, ctx.rank)
-        F.cross_entropy(ddp(x), y).backward()
-        try:
-            ddp.finish_gradient_synchronization()
-        except Exception as exc:  # noqa: BLE001 - reported by the checker
-            error = [step, type(exc).__name__, str(exc), isinstance(exc, RuntimeError)]
-            break
-        opt.step()
-    return {"error": error, "final": named_state(model)}
-
-
-PROBES = {"api": probe_api, "naive": _probe_reduce("allreduce_naive"),
-          "flat": _probe_reduce("allreduce_flat"), "overlap": probe_overlap,
-          "buckets": probe_buckets}
+FIRST_CASE = {"api": "bcast-values", "naive": "naive-values", "flat": "flat-values",
+              "overlap": "overlap-values", "buckets": "buckets-packing"}
+PROBES = {"api": probe_api, "naive": probes_grad.probe_reduce("allreduce_naive"),
+          "flat": probes_grad.probe_reduce("allreduce_flat"),
+          "overlap": probes_grad.probe_overlap, "buckets": probes_grad.probe_buckets}

@@ -1,66 +1,103 @@
 """The reference of notebook 06's checks: the models, batches and data the probes hand the
 student's code, and what single-process training on them gives.
 
-Shared by the probe side (:mod:`.probes`, inside the ranks) and the checker side
-(:mod:`.checks`, :mod:`.checks_overlap`). The models have a frozen parameter and a tied
-weight (:class:`~exercise_utils.models.FrozenTiedNet`) or BatchNorm buffers
-(:class:`~exercise_utils.models.BNNet`); ``"branch"`` (:class:`~exercise_utils.models.BranchNet`)
-has a layer the forward skips in step ``UNUSED_AT``, its parameters ``UNUSED`` then getting no
-gradient (BucketDDP must raise). :func:`replay` is the reference: single-process SGD
-on the combined batch, BatchNorm statistics per rank's sub-batch (as data parallelism without
-SyncBatchNorm computes them), so each rank's running statistics are its own.
+Shared by the probe side (:mod:`.probes`, :mod:`.probes_grad`, inside the ranks) and the
+checker side (:mod:`.checks`, :mod:`.checks_overlap`). A model is named by a *spec*:
+
+* ``"plain"``: a :class:`~exercise_utils.models.TinyMLP` (every parameter gets a gradient);
+* ``"edge"`` / ``"edge64"``: an :class:`~exercise_utils.models.EdgeNet` in float32 / float64
+  (tied, frozen, transposed and 0-d parameters, BatchNorm buffers whose int64 counter starts
+  above 2**24, where float32 cannot hold every integer; in float64, parameters float32 cannot
+  hold) with its ``unused`` layer frozen;
+* ``"edge-unused"`` / ``"edge-unused64"``: the same with ``unused`` trainable: two parameters
+  that never get a gradient (``grad`` None);
+* ``"branch"``: a :class:`~exercise_utils.models.BranchNet`, whose layer ``branch`` the probe
+  skips in step ``UNUSED_AT`` (its parameters ``UNUSED`` then get no gradient: BucketDDP must
+  raise).
+
+:func:`replay` is the reference: single-process SGD on the combined batch, BatchNorm statistics
+per rank's sub-batch (as data parallelism without SyncBatchNorm computes them), so each rank's
+running statistics are its own.
 
 Used in 06_build_your_own_ddp.
 """
 import torch
 import torch.nn.functional as F
 
-from ..models import BNNet, BranchNet, FrozenTiedNet
-
-IN_FEATURES = {"tied": 12, "bn": 10, "branch": 8}
-
+from ..models import BranchNet, EdgeNet, TinyMLP
 
 LOCAL_BATCH, STEPS, LR, MOMENTUM = 4, 3, 0.1, 0.9
 
+# Bytes of the bucket cap of each BucketDDP run (bucket_cap_mb = cap / 2**20). EdgeNet in
+# reverse registration order (frozen and unused skipped), float32 bytes: head.bias 16,
+# head.weight 128, back.bias 32 (= 176: a bucket exactly at the cap), out.weight 256 (above the
+# cap: alone), bn.bias, bn.weight, inp.bias 96, inp.weight 192 (alone), scale 4, proj 256. In
+# float64 every size doubles and so does the cap: the same buckets; 4 bytes per element would
+# pack others. A cap in decimal MB (10**6 bytes) or a bucket closed AT the cap split the first
+# bucket alike at 176 bytes; at 724 they differ (and from the right packing).
+BUCKET_CAPS = {"buckets-values": 176, "buckets-float64": 352, "buckets-no-sync": 724,
+               "buckets-nested-no-sync": 176,
+               "branch": 140}   # [head.bias, head.weight, branch.bias] (exactly 140),
+#                                 [branch.weight], [fc1.bias], [fc1.weight]
 
-BUCKET_CAPS = {"tied": 600,             # bytes: [head.*, decoder.bias] and [encoder.weight]
-               "bn": 280,               # fc1.weight (640 bytes) above the cap; 10**6-byte
-                                        # "MB" would split [fc2.*, bn.bias] (268 bytes)
-               "branch": 400}           # [head.*, branch.*] and [fc1.*]
+UNUSED_AT, UNUSED = 1, ("branch.weight", "branch.bias")   # skipped in step 1 (of 0, 1, 2):
+#                       one bucket lacks one of its three gradients, another all of its one
+
+DATA_SIZE, GLOBAL_BATCH = 47, 12         # partition_dataset: 3 steps with 2 ranks and with 3;
+#                                          a sampler that pads the 47 examples to 48 yields a
+#                                          4th step (with a repeated example)
+COUNTER = 2 ** 24 + 1    # BatchNorm's num_batches_tracked starts at COUNTER + 2 * seed (odd):
+#                          a float32 buffer cannot hold it
 
 
-UNUSED_AT, UNUSED = 1, ("branch.weight", "branch.bias")   # skipped in step 1 (of 0, 1)
+def features(spec):
+    return {"plain": 6, "branch": 8}.get(spec, 6)
 
 
-DATA_SIZE, GLOBAL_BATCH = 50, 12         # partition_dataset: 4 steps with 2 ranks and with 3
+def dtype_of(spec):
+    return torch.float64 if spec.endswith("64") else torch.float32
 
 
-def make_model(name):
-    return {"tied": FrozenTiedNet, "bn": BNNet, "branch": BranchNet}[name]()
-
-
-def seeded_model(name, seed):
-    """A model initialised from ``seed``; BNNet also gets running statistics from a batch."""
-    torch.manual_seed(seed)
-    model = make_model(name)
-    if name == "bn":
-        with torch.no_grad():
-            model(torch.randn(8, IN_FEATURES["bn"]) * 2 + 1)
+def make_model(spec):
+    """The model of ``spec`` (see the module docstring), freshly initialised."""
+    if spec == "plain":
+        return TinyMLP(6, 8, 4)
+    if spec == "branch":
+        return BranchNet()
+    model = EdgeNet(dtype=dtype_of(spec))
+    if not spec.startswith("edge-unused"):
+        model.unused.requires_grad_(False)
     return model
 
 
-def batch(name, step, rank, micro=0):
+def seeded_model(spec, seed):
+    """A model initialised from ``seed``; EdgeNet's BatchNorm also gets running statistics from
+    a batch and a counter float32 cannot hold."""
+    torch.manual_seed(seed)
+    model = make_model(spec)
+    if spec.startswith("edge"):
+        with torch.no_grad():
+            model(torch.randn(8, features(spec), dtype=dtype_of(spec)) * 2 + 1)
+            model.bn.num_batches_tracked.fill_(COUNTER + 2 * seed)
+            if dtype_of(spec) == torch.float64:     # values float32 cannot hold
+                for p in model.parameters():
+                    p.mul_(1 + 2 ** -40)
+    return model
+
+
+def batch(spec, step, rank, micro=0):
     """The deterministic local batch (x, y) of ``rank`` at ``step`` (micro-batch ``micro``)."""
-    g = torch.Generator().manual_seed(10007 * step + 101 * rank + 7 * micro + len(name))
-    return torch.randn(LOCAL_BATCH, IN_FEATURES[name], generator=g), \
-        torch.randint(0, 3, (LOCAL_BATCH,), generator=g)
+    g = torch.Generator().manual_seed(10007 * step + 101 * rank + 7 * micro + len(spec))
+    classes = 3 if spec == "branch" else 4
+    return (torch.randn(LOCAL_BATCH, features(spec), generator=g).to(dtype_of(spec)),
+            torch.randint(0, classes, (LOCAL_BATCH,), generator=g))
 
 
 def dataset():
     """The dataset given to partition_dataset: (x, y, index) triples."""
     g = torch.Generator().manual_seed(5)
-    return (torch.randn(DATA_SIZE, IN_FEATURES["bn"], generator=g),
-            torch.randint(0, 3, (DATA_SIZE,), generator=g), torch.arange(DATA_SIZE))
+    return (torch.randn(DATA_SIZE, 6, generator=g),
+            torch.randint(0, 4, (DATA_SIZE,), generator=g), torch.arange(DATA_SIZE))
 
 
 def named_state(model):
@@ -69,21 +106,30 @@ def named_state(model):
     return {k: v.detach().cpu().numpy().copy() for k, v in items}
 
 
-def replay(name, init, steps):
+def replay(spec, init, steps):
     """Single-process SGD on the combined batches; BatchNorm statistics per rank.
 
     Args:
-        name: "tied" or "bn".
+        spec: the model (see the module docstring).
         init: ``named_state`` to start from.
         steps: per step, per rank, a list of micro-batches ``(x, y)`` (several: accumulated).
     Returns:
-        (parameters, per-rank buffers, gradients of the first step), dicts of arrays.
+        (parameters, per-rank buffers, per-step gradients), dicts of arrays.
     """
-    model = make_model(name)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)     # tiny tensors: threads only wait for each other (0.2 s per
+    try:                         # BatchNorm call on a busy 2-core machine)
+        return _replay(spec, init, steps)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _replay(spec, init, steps):
+    model = make_model(spec)
     model.load_state_dict({k: torch.as_tensor(v) for k, v in init.items()}, strict=False)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     buffers = [{k: b.clone() for k, b in model.named_buffers()} for _ in steps[0]]
-    grads = None
+    grads = []
     for per_rank in steps:
         opt.zero_grad(set_to_none=True)
         for rank, micros in enumerate(per_rank):
@@ -94,37 +140,51 @@ def replay(name, init, steps):
                 (F.cross_entropy(model(torch.as_tensor(x)), torch.as_tensor(y))
                  / len(per_rank)).backward()
             buffers[rank] = {k: b.clone() for k, b in model.named_buffers()}
-        if grads is None:
-            grads = grads_of(model)
+        grads.append(grads_of(model))
         opt.step()
     params = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
     return params, [{k: v.numpy() for k, v in b.items()} for b in buffers], grads
 
 
-def reference(name, out, size, no_sync_first=False):
-    """replay() of the batches the probe gave each rank (step 0: two if no_sync_first)."""
-    return replay(name, out["init"], [
-        [([batch(name, 0, r, 1)] if step == 0 and no_sync_first else [])
-         + [batch(name, step, r)] for r in range(size)] for step in range(STEPS)])
+def reference(spec, out, size, micros=None, steps=None):
+    """replay() of the batches the probe gave each rank: ``steps`` (default all STEPS), step 0
+    with the micro-batches ``micros`` (e.g. [1, 0]: micro-batch 1 inside no_sync, then 0)."""
+    steps = range(STEPS) if steps is None else steps
+    return replay(spec, out["init"], [
+        [[batch(spec, step, r, m) for m in (micros if step == 0 and micros else [0])]
+         for r in range(size)] for step in steps])
 
 
-def grad_params(name):
-    """[(name, numel)] of the parameters that require a gradient (tied ones once)."""
-    return [(n, p.numel()) for n, p in make_model(name).named_parameters() if p.requires_grad]
+def grad_params(spec):
+    """[(name, numel)] of the parameters that get a gradient (tied ones once)."""
+    skip = {"unused.weight", "unused.bias", "frozen"}
+    return [(n, p.numel()) for n, p in make_model(spec).named_parameters()
+            if p.requires_grad and n not in skip]
 
 
-def expected_buckets(name, cap=None):
-    """BucketDDP's buckets (names) for the model ``name`` and its cap in BUCKET_CAPS (or
-    ``cap`` bytes)."""
-    cap, buckets, used = cap or BUCKET_CAPS[name], [], 0
-    for pname, numel in reversed(grad_params(name)):
-        if buckets and used + 4 * numel <= cap:
-            buckets[-1].append(pname)
-            used += 4 * numel
+def pack(nbytes, cap, over=lambda used, cap: used > cap):
+    """The greedy packing of the notebook: indices of ``nbytes`` (in the order given) into
+    buckets; an item joins the current bucket unless that would take its bytes ``over`` the
+    cap (an item larger than the cap gets a bucket of its own; no bucket is empty)."""
+    buckets, used = [], 0
+    for i, size in enumerate(nbytes):
+        if buckets and not over(used + size, cap):
+            buckets[-1].append(i)
+            used += size
         else:
-            buckets.append([pname])
-            used = 4 * numel
+            buckets.append([i])
+            used = size
     return buckets
+
+
+def expected_buckets(spec, cap, element_size=None, over=lambda used, cap: used > cap):
+    """BucketDDP's buckets (names) for ``spec``'s model and a cap of ``cap`` bytes: the
+    parameters that require a gradient in reverse registration order, :func:`pack`-ed;
+    ``element_size`` and ``over`` give the buckets of mistaken rules (4 bytes per element; a
+    bucket closed when it reaches the cap)."""
+    named = [(n, p) for n, p in make_model(spec).named_parameters() if p.requires_grad][::-1]
+    nbytes = [p.numel() * (element_size or p.element_size()) for _, p in named]
+    return [[named[i][0] for i in bucket] for bucket in pack(nbytes, cap, over)]
 
 
 def grads_of(model):

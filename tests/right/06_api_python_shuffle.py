@@ -152,11 +152,17 @@ class DistributedOptimizer:
         self.params = list(model.parameters())
         self.strategy = strategy
 
-    def step(self):
+    def step(self, closure=None):
         """Average the gradients over the ranks, then take the local optimizer's step."""
         # TODO: average the gradients (the strategy), then the local optimizer's step.
+        if closure is None:
+            _reduce_function(self.strategy)(self.params)
+            return self.optimizer.step()
+        with torch.enable_grad():
+            loss = closure()             # the gradients of this step, computed once
         _reduce_function(self.strategy)(self.params)
-        return self.optimizer.step()
+        self.optimizer.step()
+        return loss
 
     def zero_grad(self, set_to_none=True):
         """Clear the gradients (the local optimizer's ``zero_grad``)."""

@@ -152,11 +152,13 @@ class DistributedOptimizer:
         self.params = list(model.parameters())
         self.reduce = _reduce_function(strategy)
 
-    def step(self):
-        """Average the gradients over the ranks, then take the local optimizer's step."""
-        # TODO: average the gradients (the strategy), then the local optimizer's step.
+    def step(self, closure=None):
+        """Average the gradients over the ranks, then take the local optimizer's step; with a
+        closure, first recompute the gradients with it and return its loss."""
+        loss = closure() if closure is not None else None
         self.reduce(self.params)
-        return self.optimizer.step()
+        result = self.optimizer.step()
+        return result if closure is None else loss
 
     def zero_grad(self, set_to_none=True):
         """Clear the gradients (the local optimizer's ``zero_grad``)."""

@@ -1,7 +1,9 @@
 """RIGHT (notebook 06, flat): allreduce_flat flattens the gradients with
 torch.nn.utils.parameters_to_vector and puts the averaged values back with vector_to_parameters
-(which points each gradient's data at its slice of the buffer) instead of
-_flatten_dense_tensors and copy_.
+(which points each tensor's data at its slice of the buffer) instead of
+_flatten_dense_tensors; it works on contiguous copies of the gradients (a transposed gradient
+cannot be viewed flat, and vector_to_parameters would repoint the gradients themselves) and
+copies the values back into each p.grad.
 
 Written differently from the solution on purpose; the checker must accept it.
 """
@@ -142,11 +144,16 @@ class DistributedOptimizer:
         self.params = list(model.parameters())
         self.reduce = _reduce_function(strategy)
 
-    def step(self):
+    def step(self, closure=None):
         """Average the gradients over the ranks, then take the local optimizer's step."""
         # TODO: average the gradients (the strategy), then the local optimizer's step.
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         self.reduce(self.params)
-        return self.optimizer.step()
+        stepped = self.optimizer.step()
+        return loss if closure is not None else stepped
 
     def zero_grad(self, set_to_none=True):
         """Clear the gradients (the local optimizer's ``zero_grad``)."""
@@ -183,10 +190,15 @@ def allreduce_flat(params):
     # TODO: flatten, one all_reduce, divide, copy each piece back into its p.grad.
     grads = [p.grad for p in params if p.grad is not None]
     if grads:
-        vec = torch.nn.utils.parameters_to_vector(grads)
+        # parameters_to_vector views each tensor flat: a transposed gradient needs a
+        # contiguous copy first, and the values then go back into the gradient itself
+        dense = [g.clone(memory_format=torch.contiguous_format) for g in grads]
+        vec = torch.nn.utils.parameters_to_vector(dense)
         dist.all_reduce(vec)
         vec /= dist.get_world_size()
-        torch.nn.utils.vector_to_parameters(vec, grads)
+        torch.nn.utils.vector_to_parameters(vec, dense)
+        for grad, value in zip(grads, dense):
+            grad.copy_(value)
 
 
 # ---------------------------------------------------------------- stage 4: overlap

@@ -141,11 +141,16 @@ class DistributedOptimizer:
         self.params = list(model.parameters())
         self.reduce = _reduce_function(strategy)
 
-    def step(self):
+    def step(self, closure=None):
         """Average the gradients over the ranks, then take the local optimizer's step."""
         # TODO: average the gradients (the strategy), then the local optimizer's step.
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         self.reduce(self.params)
-        return self.optimizer.step()
+        stepped = self.optimizer.step()
+        return loss if closure is not None else stepped
 
     def zero_grad(self, set_to_none=True):
         """Clear the gradients (the local optimizer's ``zero_grad``)."""
