@@ -83,6 +83,25 @@ def test_digests_tell_tensors_apart_by_value_dtype_and_shape(values, where):
         torch.tensor(len(values)))                       # 0-d int64 (BatchNorm's counter)
 
 
+def test_a_loader_draws_from_the_sampler_directly_or_through_a_batch_sampler():
+    """"self.loader: a DataLoader that draws from self.sampler, with config.batch_size
+    examples per worker": sampler= with batch_size=, or batch_sampler=BatchSampler(sampler,
+    ...), both count (a correct file written from the notebook used the second)."""
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
+    data = TensorDataset(torch.arange(10))
+    sampler = DistributedSampler(data, num_replicas=2, rank=0)
+    yes = {"batch_size": 4, "sampler_is_self_sampler": True}
+    assert digests.loader_digest(DataLoader(data, batch_size=4, sampler=sampler), sampler) == yes
+    assert digests.loader_digest(DataLoader(data, batch_sampler=BatchSampler(
+        sampler, 4, drop_last=False)), sampler) == yes
+    other = DistributedSampler(data, num_replicas=2, rank=0)
+    assert digests.loader_digest(DataLoader(data, batch_size=4, sampler=other), sampler) == {
+        "batch_size": 4, "sampler_is_self_sampler": False}
+    assert digests.loader_digest(DataLoader(data, batch_size=8, shuffle=True), sampler)[
+        "sampler_is_self_sampler"] is False
+    assert not digests.loader_digest(None, sampler)["sampler_is_self_sampler"]
+
+
 def test_the_sweeps_reach_every_edge_the_contract_names():
     """World size 3 that does not divide the data (padding), float64 in the snapshot jobs, a
     model with buffers (a 0-d int64 one), a frozen parameter, a tied weight and dropout, a

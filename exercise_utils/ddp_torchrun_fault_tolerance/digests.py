@@ -92,9 +92,21 @@ def trainer_state(trainer, optimizer, scheduler):
             "scheduler": {"last_epoch": scheduler.last_epoch,
                           "lr": [g["lr"] for g in optimizer.param_groups]},
             "rng": rng_digest(runner.rng_state()),
-            "loader": {"batch_size": getattr(loader, "batch_size", None),
-                       "sampler_is_self_sampler": sampler is not None and
-                       getattr(loader, "sampler", None) is sampler}}
+            "loader": loader_digest(loader, sampler)}
+
+
+def loader_digest(loader, sampler):
+    """The loader's batch size and whether it draws from ``sampler``: directly
+    (``DataLoader(..., batch_size=b, sampler=sampler)``) or through a batch sampler
+    (``DataLoader(..., batch_sampler=BatchSampler(sampler, b, drop_last))``)."""
+    batches = getattr(loader, "batch_sampler", None)
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(batches, "batch_size", None)
+    draws = sampler is not None and any(
+        source is sampler for source in (getattr(loader, "sampler", None),
+                                         getattr(batches, "sampler", None)))
+    return {"batch_size": plain(size), "sampler_is_self_sampler": draws}
 
 
 def snapshot_digest(obj):
