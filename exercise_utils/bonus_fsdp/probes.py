@@ -107,23 +107,25 @@ STAGES = {"zero2": zero2, "zero3": zero3, "state_dict": state_dict}
 
 def probe(student, ctx, stages, gloo_timeout):
     """Run ``stages``; ``{stage: result}`` (``{"todo": function}`` where the student's code
-    raised NotImplementedError), and ``"hidden"``: collectives that bypassed the recorder."""
+    raised NotImplementedError), and ``"hidden"``: ``{stage: communication that bypassed the
+    recorded collectives}`` (point-to-point messages, or calls below torch.distributed)."""
     torch.set_num_threads(1)     # 2-3 ranks on 2 cores, small tensors: more threads only spin
     dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.size,
                             timeout=datetime.timedelta(seconds=gloo_timeout))
     start()
     rec = Recorder()
     rec.install(student)
-    results = {}
+    results, hidden = {}, {}
     try:
         for stage in stages:
             try:
                 results[stage] = STAGES[stage](student, ctx, rec)
             except NotImplementedError as exc:
                 results[stage] = not_implemented(student, exc)
+            hidden[stage] = rec.take_hidden()
     finally:
         rec.uninstall()
-    results["hidden"] = rec.take_hidden()
+    results["hidden"] = hidden
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
