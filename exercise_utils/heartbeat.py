@@ -31,6 +31,11 @@ PERIOD = 0.5             # seconds between beats
 IDLE_CPU = 0.03          # CPU-seconds per second below which a rank is not computing
 COMM_MODULES = ("torch/distributed/", "mpi4py")   # frames that mean "in communication"
 STARTING = ("start", "init")   # phases that are never a hang: imports, forming the group
+# Held while the beating thread holds a frame of the main thread: a frame kept keeps its locals
+# (tensors) alive after the main thread has left it, so code that measures the memory alive
+# (09's probes) takes this lock around its scan; on a loaded machine the beating thread can
+# be descheduled for longer than any pause between scans.
+FRAMES = threading.Lock()
 
 
 def start(folder, rank, student=None, period=PERIOD):
@@ -73,10 +78,10 @@ class Beat:
 
     def _run(self):
         while not self.done.is_set():
-            frames = sys._current_frames().get(self.main)
-            where = _where(frames, self.student)
-            del frames      # at once: a frame kept keeps its locals (tensors) alive after the
-            #                 main thread has left it, and a check that measures memory sees them
+            with FRAMES:    # (see FRAMES)
+                frames = sys._current_frames().get(self.main)
+                where = _where(frames, self.student)
+                del frames
             info = {"pid": os.getpid(), "t": time.time(), "phase": self.phase, "case": self.case,
                     "cpu": _cpu(self.me, time.thread_time()), **where}
             tmp = self.target.with_suffix(f".{os.getpid()}.tmp")

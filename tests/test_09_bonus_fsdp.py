@@ -8,6 +8,7 @@ the correct files: ``tests/test_checks.py``.
 Each check launches 2 and 3 gloo ranks (one launch per world size and stage set, kept per file
 content); check_zero2 first runs shard_flat's sweep in a lone process."""
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -139,6 +140,36 @@ def test_memory_sees_what_autograd_keeps():
     witness.clear()
     torch.randn(250_000).sum()
     assert alive_bytes() - before < 100_000
+
+
+def test_memory_never_counts_a_frame_the_heartbeat_holds(tmp_path, monkeypatch):
+    """The checks' heartbeat thread reads where the main thread is: while it holds a frame the
+    main thread has left, that frame's tensors stay alive. On a loaded machine it can hold one
+    longer than the pause between two scans (a correct Zero3 failed zero3-memory by a gathered
+    unit in a full test run): a scan waits until the heartbeat holds no frame."""
+    import threading
+    import torch
+    from exercise_utils import heartbeat
+    from exercise_utils.bonus_fsdp.memory import alive_bytes
+    holding, where = threading.Event(), heartbeat._where
+
+    def slow_where(frame, student):         # a beating thread descheduled while it reads
+        holding.set()
+        time.sleep(0.5)
+        return where(frame, student)
+    monkeypatch.setattr(heartbeat, "_where", slow_where)
+    before = alive_bytes()
+
+    def step():
+        gathered = torch.zeros(250_000)     # 1 MB, a local of a frame the main thread leaves
+        beat = heartbeat.start(tmp_path, 0, period=60)
+        assert holding.wait(10)
+        return beat, gathered.numel()
+    beat, _ = step()
+    try:
+        assert alive_bytes() - before < 100_000
+    finally:
+        beat.stop()
 
 
 # ------------------------------------------------------------------ whole notebook

@@ -25,6 +25,8 @@ import weakref
 
 import torch
 
+from .. import heartbeat
+
 
 def _storage(t):
     """(address, bytes) of ``t``'s storage, or None (a DTensor: its local tensor counts)."""
@@ -53,9 +55,10 @@ def alive_bytes(extra=(), settle=0.01):
     Args:
         extra: more tensors to count (those a :class:`Witness` holds).
         settle: seconds between the two scans whose smaller total is returned: another thread
-            that briefly holds a frame the main thread has left (the checks' heartbeat reads
-            where the main thread is) keeps that frame's tensors alive for a moment; nothing
-            in this thread changes between the scans.
+            that briefly holds a frame the main thread has left keeps that frame's tensors
+            alive for a moment (the checks' heartbeat, which reads where the main thread is,
+            is kept out of every scan by ``heartbeat.FRAMES``); nothing in this thread changes
+            between the scans.
     Returns:
         int: bytes; storages of size 0 or without an address do not count.
     """
@@ -65,6 +68,11 @@ def alive_bytes(extra=(), settle=0.01):
 
 
 def _scan(extra):
+    with heartbeat.FRAMES:      # the beating thread holds no frame (and its tensors) now
+        return _scan_now(extra)
+
+
+def _scan_now(extra):
     seen = {}
 
     def add(t):
