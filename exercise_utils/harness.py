@@ -147,12 +147,13 @@ _SESSION = []       # the check that runs now (see session): [{"tmp", "sock", "p
 
 
 @contextlib.contextmanager
-def session():
+def session(start=False):
     """Inside the block, every gloo and lone-process launch forks its ranks from one zygote
     (:mod:`.zygote`) that imports torch and the probes' modules once, instead of a new
     interpreter per launch importing them again (a check makes two to four launches). The
-    zygote starts at the block's first such launch (a check without one costs nothing) and is
-    stopped when the block ends; nested blocks share it.
+    zygote starts at the block's first such launch (a check without one costs nothing), or at
+    once with ``start``, and is stopped when the block ends; nested blocks share it (the test
+    suite runs every check of a test module in one).
     """
     if _SESSION:
         yield
@@ -162,6 +163,8 @@ def session():
                  "tag": f"{os.getpid()}:{uuid.uuid4().hex}"}
         _SESSION.append(state)
         try:
+            if start:
+                _session_socket()
             yield
         finally:
             _SESSION.clear()
