@@ -156,7 +156,10 @@ def session(start=False):
     suite runs every check of a test module in one).
     """
     if _SESSION:
-        yield
+        try:
+            yield
+        finally:
+            _reap(_SESSION[0])
         return
     with tempfile.TemporaryDirectory(prefix="dtfs-zygote-") as tmp:
         state = {"tmp": tmp, "sock": None, "proc": None,
@@ -172,6 +175,14 @@ def session(start=False):
                 state["proc"].kill()
                 state["proc"].wait()
                 kill_processes(tagged_processes(state["tag"]))
+
+
+def _reap(state):
+    """Kill what the zygote forked and is still alive (a rank whose launch was judged by its
+    report may still be exiting; the zygote kills it soon, but not before the check returns),
+    not the zygote: a nested block ends with no rank of its checks left behind."""
+    if state["proc"] is not None:
+        kill_processes([p for p in tagged_processes(state["tag"]) if p.pid != state["proc"].pid])
 
 
 def _session_socket():

@@ -135,6 +135,26 @@ def test_a_session_forks_every_launch_from_one_zygote(tmp_path):
     assert not psutil.pid_exists(first[0][0])
 
 
+def test_a_nested_session_ends_with_no_rank_of_its_own_left():
+    """The test suite holds one session around many checks: when a check's (nested) session
+    ends, whatever the zygote forked and is still alive (a rank judged by its report, still
+    exiting) is killed, the zygote is not. (A CI-like run failed two tests for a rank left
+    behind, once the session outlived the check.)"""
+    import os
+    import subprocess
+    import sys
+    import psutil
+    from exercise_utils.processes import TAG
+    with harness.session(start=True):
+        state = harness._SESSION[0]
+        with harness.session():
+            lingering = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                         env={**os.environ, TAG: state["tag"]})
+            time.sleep(0.5)
+        assert lingering.wait(timeout=10) is not None
+        assert psutil.pid_exists(state["proc"].pid) and state["proc"].poll() is None
+
+
 def test_a_session_without_launches_starts_no_zygote():
     """A check that launches nothing through run_ranks (05 runs torchrun jobs) pays for no
     zygote: it starts at the first launch."""
