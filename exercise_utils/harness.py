@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import heartbeat, integrity, launch
+from . import heartbeat, integrity, launch, plaindata
 from .processes import TAG, kill_processes, tagged_processes
 from .contract import CheckFailure
 
@@ -81,7 +81,7 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
         raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it first.")
     with tempfile.TemporaryDirectory(prefix="dtfs-check-") as tmp:
         args_file = Path(tmp) / "kwargs.pkl"
-        args_file.write_bytes(pickle.dumps(kwargs or {}))
+        args_file.write_bytes(pickle.dumps(kwargs or {}))    # judge -> rank only (plaindata: back)
         keys = integrity.make_secrets(tmp, world_size)
         worker_args = ["--student", str(path.resolve()), "--probe", probe, "--kwargs",
                        str(args_file), "--out", tmp, "--backend", backend, "--timeout",
@@ -259,7 +259,7 @@ def _needs_torch(student, module, probe):
 
 def _written(tmp, world_size):
     """The ranks whose report file exists (checked for its signature by :func:`_reports`)."""
-    return {r for r in range(world_size) if (Path(tmp) / f"rank{r}.pkl").exists()}
+    return {r for r in range(world_size) if (Path(tmp) / f"rank{r}.report").exists()}
 
 
 def _reports(tmp, world_size, keys):
@@ -272,7 +272,7 @@ def _reports(tmp, world_size, keys):
     found = {}
     for r in range(world_size):
         try:
-            data = (Path(tmp) / f"rank{r}.pkl").read_bytes()
+            data = (Path(tmp) / f"rank{r}.report").read_bytes()
         except FileNotFoundError:
             continue
         payload = integrity.verify(keys[r], data)
@@ -280,7 +280,11 @@ def _reports(tmp, world_size, keys):
             raise CheckFailure(f"{integrity.VIOLATION}: rank {r}'s result was not written by "
                                  f"the checker (its signature is wrong): your file must not "
                                  f"write the check's results itself.")
-        found[r] = pickle.loads(payload)
+        try:
+            found[r] = plaindata.loads(payload)
+        except (plaindata.PlainDataError, ValueError) as exc:
+            raise CheckFailure(f"{integrity.VIOLATION}: rank {r}'s result is not plain data "
+                               f"({exc})") from None
         if found[r].get("tampered"):
             raise CheckFailure(f"{integrity.VIOLATION}: on rank {r} your file changed the "
                                  f"checker's code: {', '.join(found[r]['tampered'][:5])}. "

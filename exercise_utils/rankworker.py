@@ -2,7 +2,8 @@
 
 One rank: beat (:mod:`.heartbeat`), take its secret and fingerprint the checker's code
 (:mod:`.integrity`), set up communication (MPI, gloo or none), import the student file, call
-the probe, and write the result (or the error), pickled and signed, to ``OUT/rank{R}.pkl``.
+the probe, and write the result (or the error) as plain data (:mod:`.plaindata`: JSON and
+numeric arrays, never a pickle), signed, to ``OUT/rank{R}.report``.
 With ``--spawn N`` it starts N such ranks itself (gloo / none; forked once torch is imported)
 and stops all of them as soon as one fails, so that a crashed rank never leaves the others
 waiting.
@@ -29,7 +30,7 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import heartbeat, integrity
+from . import heartbeat, integrity, plaindata
 
 
 def load_student(path):
@@ -91,9 +92,19 @@ def _student_frames(exc, student):
 
 
 def _report(out, rank, payload, secret):
+    """Write ``payload`` as plain data, signed; a value that is not plain data (an object the
+    probe passed on from the student's code) becomes an error report that says so."""
+    try:
+        blob = plaindata.dumps(payload)
+    except plaindata.PlainDataError as exc:
+        blob = plaindata.dumps({
+            "ok": False, "type": "TypeError", "where": "your code", "time": time.time(),
+            "message": f"the check cannot report what your code gave back: {exc}",
+            "traceback": "", "case": payload.get("case"),
+            "tampered": payload.get("tampered", [])})
     tmp = Path(out) / f".rank{rank}.tmp"
-    tmp.write_bytes(integrity.sign(secret, pickle.dumps(payload)))
-    tmp.rename(Path(out) / f"rank{rank}.pkl")
+    tmp.write_bytes(integrity.sign(secret, blob))
+    tmp.rename(Path(out) / f"rank{rank}.report")
 
 
 def _rank():
@@ -186,8 +197,8 @@ def _run_probe(args, rank, phase):
         if ctx.backend == "mpi":
             ctx.comm.Abort(1)
         return 1
-    _report(args.out, ctx.rank, {"ok": True, "value": value, "tampered": guard.changed()},
-            secret)
+    _report(args.out, ctx.rank, {"ok": True, "value": value, "tampered": guard.changed(),
+                                 "case": ctx.current}, secret)
     phase("exit")
     _finish(ctx)
     return 0
