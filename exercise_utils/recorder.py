@@ -2,7 +2,8 @@
 
 :class:`Recorder` replaces the ``torch.distributed`` collectives (and the names the student's
 module imported from it) by recording wrappers: which collective, how many elements,
-``async_op``, and when its ``wait()`` came. A collective that reaches the ProcessGroup below
+``async_op``, and when its ``wait()`` came: every public collective, ``*_single`` and
+``*_object`` forms included (a ``*_single`` under the name of its ``*_tensor`` twin). A collective that reaches the ProcessGroup below
 those functions (``dist.group.WORLD.allreduce([t])``, ``torch.distributed.distributed_c10d
 .all_reduce``, which the wrappers do not replace, or ``torch.ops.c10d.*``) is logged in
 :attr:`Recorder.hidden` (:mod:`exercise_utils.pgwatch`); the checks report it as an
@@ -12,6 +13,7 @@ integrity violation. Every call the recorder or the probe makes itself runs insi
 Used in 06_build_your_own_ddp and 09_bonus_fsdp (by their probes).
 """
 import contextlib
+import inspect
 
 import torch
 import torch.distributed as dist
@@ -19,9 +21,19 @@ import torch.distributed as dist
 from . import pgwatch
 from .integrity import VIOLATION
 
+# Every public collective of torch.distributed: tensor, list, ``*_single`` and ``*_object``
+# forms (what runs inside one, down to the ProcessGroup, is its own and never hidden).
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce", "reduce_scatter", "barrier",
                "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce_coalesced",
-               "all_to_all", "scatter", "gather")
+               "all_gather_coalesced", "all_to_all", "scatter", "gather", "gather_into_tensor",
+               "all_gather_single", "reduce_scatter_single", "gather_single",
+               "all_to_all_single", "all_gather_object", "gather_object",
+               "broadcast_object_list", "scatter_object_list")
+# The same operation under two names (torch 2.14 recommends the ``*_single`` ones): recorded
+# under one, so that a check counting all-gathers counts both.
+SAME_AS = {"all_gather_single": "all_gather_into_tensor",
+           "reduce_scatter_single": "reduce_scatter_tensor",
+           "gather_single": "gather_into_tensor"}
 
 
 class _Work:
@@ -76,12 +88,21 @@ class Recorder:
                     setattr(module, key, new)
 
     def _wrap(self, name, fn):
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):
+            signature = None
+
         def recorded(*args, **kwargs):
-            tensor = args[0] if args else kwargs.get("tensor")
+            try:            # by name: async_op sits at another position in each collective
+                bound = signature.bind_partial(*args, **kwargs).arguments
+            except (AttributeError, TypeError):     # no signature, or bad arguments: the
+                bound = {}                          # collective itself will say what is wrong
+            tensor = next(iter(bound.values()), None)
             numel = tensor.numel() if isinstance(tensor, torch.Tensor) else 0
-            async_op = kwargs.get("async_op", args[3] if len(args) > 3 else False)
+            async_op = bound.get("async_op", False)
             index = len(self.events)
-            self.events.append(("coll", name, numel, bool(async_op)))
+            self.events.append(("coll", SAME_AS.get(name, name), numel, bool(async_op)))
             with self.paths.sanctioned():
                 work = fn(*args, **kwargs)
             return _Work(work, self, index) if work is not None else None

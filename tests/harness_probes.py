@@ -41,6 +41,26 @@ def probe_pgwatch(student, ctx):
     return schema, [name for name, *_ in log], float(t.sum())
 
 
+def probe_recorder_forms(student, ctx):
+    """Every public form of a collective, through the recorder: (events, hidden)."""
+    from exercise_utils.recorder import Recorder
+    rec = Recorder()
+    rec.install(student)
+    try:
+        dist.all_gather_single(torch.empty(2 * ctx.size), torch.ones(2))
+        dist.reduce_scatter_single(torch.empty(2), torch.ones(2 * ctx.size))
+        got = [None] * ctx.size if ctx.rank == 0 else None
+        dist.gather_object({"rank": ctx.rank}, got, dst=0)
+        objects = [ctx.rank]
+        dist.broadcast_object_list(objects, src=0)
+        dist.reduce_scatter_tensor(torch.empty(3), torch.ones(3 * ctx.size), dist.ReduceOp.SUM,
+                                   None, True).wait()
+        dist.all_gather_into_tensor(output_tensor=torch.empty(ctx.size), input_tensor=torch.ones(1))
+    finally:
+        rec.uninstall()
+    return [list(e) for e in rec.take()], rec.take_hidden(), objects
+
+
 def probe_parent(student, ctx):
     """This rank's parent process: its pid and command line."""
     import os
