@@ -19,8 +19,8 @@ LONGEST_FIRST = [f"tests/test_{stem}::test_autograde" for stem in (
     "02_shared_memory_hogwild.py", "06_build_your_own_ddp.py", "09_bonus_fsdp.py",
     "08_bonus_powersgd.py", "07_bonus_zero_sharding.py")] + [
     "tests/test_parallel_grade.py::test_four_jobs", "tests/test_pipeline.py::test_autograde",
-    "tests/test_05_ddp_torchrun_fault_tolerance.py::test_checker_accepts_right_file",
-    "tests/test_02_shared_memory_hogwild.py::test_checker_rejects_wrong_file[02_hogwild_threads"]
+    "tests/test_checks.py::test_check_accepts_right_file[02_hogwild",
+    "tests/test_checks.py::test_check_rejects_flaw[02_hogwild"]
 
 
 def pytest_collection_modifyitems(config, items):
