@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "exercise_utils"
 CORE = {"config", "data", "models", "launch", "launch_many", "processes", "harness", "rankworker",
         "heartbeat", "integrity", "pgwatch", "recorder",
-        "bench", "notebook_files", "linebuf", "cluster", "contract", "zygote", "plaindata"}
+        "bench", "notebook_files", "linebuf", "cluster", "contract", "zygote", "plaindata",
+        "sandbox"}
 OLD_KINDS = re.compile(r"^(checks_\w+|\w+_probe|\w+_bench|\w+_experiments?)$")
 DOTTED = re.compile(r"exercise_utils(?:\.\w+)+")
 

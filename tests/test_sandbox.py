@@ -1,0 +1,118 @@
+"""The grading sandbox (exercise_utils.sandbox, bubblewrap): what it hides, what it may
+change, its network, ranks talking inside it, and nothing left behind."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from exercise_utils import launch, sandbox
+
+
+@pytest.fixture(scope="module")
+def bwrap():
+    """bubblewrap, installed here with apt-get when it is missing and this is root (as CI is);
+    skipped with the reason where no sandbox can run."""
+    if shutil.which("bwrap") is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "install", "-y", "-qq", "bubblewrap"], capture_output=True,
+                       timeout=600)
+        sandbox.unavailable.cache_clear()
+    reason = sandbox.unavailable()
+    if reason:
+        pytest.skip(f"no sandbox on this machine: {reason}")
+
+
+def run_inside(code, **kwargs):
+    """Run Python ``code`` in a sandbox; its last line of output, as JSON."""
+    out = subprocess.run(sandbox.command([sys.executable, "-c", textwrap.dedent(code)],
+                                         **kwargs), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_hidden_folders_read_empty_and_only_writable_folders_change(bwrap, tmp_path):
+    secret, work, outside = tmp_path / "solutions", tmp_path / "work", tmp_path / "other.txt"
+    secret.mkdir()
+    (secret / "answer.py").write_text("SOLUTION = 42\n")
+    (tmp_path / "gradebook.db").write_text("grades")
+    outside.write_text("untouched")
+    got = run_inside(f"""
+        import json, os
+        def attempt(fn):
+            try:
+                return fn()
+            except OSError as exc:
+                return type(exc).__name__
+        print(json.dumps({{
+            "listing": os.listdir({str(secret)!r}),
+            "answer": attempt(lambda: open({str(secret / 'answer.py')!r}).read()),
+            "gradebook": open({str(tmp_path / 'gradebook.db')!r}).read(),
+            "overwrite": attempt(lambda: open({str(outside)!r}, "w").write("x")),
+            "work": attempt(lambda: open({str(work / 'out.txt')!r}, "w").write("ok")),
+            "tmp": attempt(lambda: open("/tmp/private.txt", "w").write("t")),
+            "shm": attempt(lambda: open("/dev/shm/private", "w").write("s")),
+        }}))
+        """, writable=[work], hidden=[secret, tmp_path / "gradebook.db"], readable=[tmp_path])
+    assert got == {"listing": [], "answer": "FileNotFoundError", "gradebook": "",
+                   "overwrite": "OSError", "work": 2, "tmp": 1, "shm": 1}, got
+    assert (work / "out.txt").read_text() == "ok" and outside.read_text() == "untouched"
+    assert not os.path.exists("/tmp/private.txt") or open("/tmp/private.txt").read() != "t"
+
+
+def test_only_its_own_loopback_without_network(bwrap):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    code = f"""
+        import json, socket
+        try:
+            socket.create_connection(("127.0.0.1", {port}), timeout=5).close()
+            print(json.dumps("connected"))
+        except OSError as exc:
+            print(json.dumps(type(exc).__name__))
+        """
+    try:
+        assert run_inside(code) == "ConnectionRefusedError"
+        assert run_inside(code, network=True) == "connected"
+    finally:
+        server.close()
+
+
+def test_ranks_of_one_sandbox_reach_each_other(bwrap, tmp_path):
+    """Two gloo ranks in one sandbox: an all-reduce over its private loopback."""
+    got = run_inside("""
+        import json, subprocess, sys
+        code = ("import sys, torch, torch.distributed as dist; r = int(sys.argv[1]); "
+                "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:29611', rank=r, "
+                "world_size=2); t = torch.tensor([r + 1.0]); dist.all_reduce(t); "
+                "print(t.item()); dist.destroy_process_group()")
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], stdout=subprocess.PIPE,
+                                  text=True) for r in range(2)]
+        print(json.dumps([float(p.communicate(timeout=120)[0]) for p in procs]))
+        """)
+    assert got == [3.0, 3.0]
+
+
+def test_a_sandboxed_tree_is_stopped_whole(bwrap, tmp_path):
+    """The launcher's limit reaches every process inside (the test's fixture fails on any
+    process left behind)."""
+    cmd = sandbox.command([sys.executable, "-c", "import subprocess, sys, time; "
+                           "subprocess.Popen([sys.executable, '-c', 'import time; "
+                           "time.sleep(300)']); time.sleep(300)"])
+    with pytest.raises(launch.LaunchTimeout):
+        launch.run(cmd, timeout=3, echo=False)
+
+
+def test_no_bubblewrap_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    sandbox.unavailable.cache_clear()
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
+            sandbox.require()
+    finally:
+        sandbox.unavailable.cache_clear()
