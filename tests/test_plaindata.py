@@ -60,7 +60,7 @@ def test_reading_never_unpickles():
         pd.loads(pickle.dumps({"x": 1}))
 
 
-def test_a_rank_that_returns_an_object_gets_a_message(tmp_path):
+def test_a_rank_that_returns_an_object_gets_a_message(tmp_path, env_pythonpath):
     """A probe that hands back an object (here the student's own) is reported as an error of
     the student's code, never unpickled in the judge."""
     path = tmp_path / "student.py"

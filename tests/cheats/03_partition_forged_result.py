@@ -1,19 +1,21 @@
 """Cheat: at import, write the check's result files itself (the folder is in argv, the format
-is a pickle, as the worker's code shows) and exit before the probe runs. Its values are
+is plain data, as the worker's code shows: exercise_utils.plaindata) and exit before the probe
+runs. Its values are
 empty here; a real cheat would put the expected ones: the point is that the check never
 believes a result the worker did not sign.
 
 Must be rejected: "the check's integrity was violated" (the results are not signed)."""
 import os
-import pickle
 import sys
+
+from exercise_utils import plaindata
 
 if "--out" in sys.argv:
     out = sys.argv[sys.argv.index("--out") + 1]
     rank = int(os.environ.get("RANK", 0))
     fake = {"ok": True, "value": ([], [], [], [], []), "tampered": []}
-    with open(os.path.join(out, f"rank{rank}.pkl"), "wb") as f:
-        f.write(pickle.dumps(fake))
+    with open(os.path.join(out, f"rank{rank}.report"), "wb") as f:
+        f.write(plaindata.dumps(fake))
     os._exit(0)
 
 
