@@ -76,7 +76,15 @@ def submissions(release, solution):
     def moved_check(nb):            # CHECK add above its exercise cell: files are written first
         nb.cells.insert(_index(nb, "00_add"), nb.cells.pop(_index(nb, "check_add")))
     variant("moved_check", solved, moved_check, 3)
+    # files beside the notebook (BESIDE) never reach the grading kernel's folder
+    variant("beside", solved, lambda nb: None, 3)
     return subs
+
+
+# Files submitted beside the notebook: a package that would shadow the course's own in the
+# grading kernel (its working directory is first on sys.path), and a plain module.
+BESIDE = {"beside": {"exercise_utils/__init__.py": "raise SystemExit('shadowed')\n",
+                     "helper.py": "VALUE = 1\n"}}
 
 
 def grade(tmp_path, subs, *extra):
@@ -85,6 +93,9 @@ def grade(tmp_path, subs, *extra):
         folder = base / "submitted" / student / STEM
         folder.mkdir(parents=True)
         nbformat.write(nb, folder / f"{STEM}.ipynb")
+        for name, text in BESIDE.get(student, {}).items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text)
     proc = ok(course("autograde", "--course", base, "--solutions", FIXTURE.parent,
                      "--cell-timeout", 60, *extra))
     with open(base / "grades.csv", newline="") as f:
@@ -105,6 +116,10 @@ def test_every_trick_scores_only_its_honest_work(tmp_path, fixture_release):
     assert "check_add" in by_id(restored)
     setup = nbformat.read(graded / "deleted_setup" / STEM / f"{STEM}.ipynb", as_version=4)
     assert "restored from the course's source" in by_id(setup)["setup"].source
+    beside = graded / "beside" / STEM
+    assert (beside / f"{STEM}.ipynb").exists()
+    assert not [p for p in beside.rglob("*") if p.is_file() and p.suffix == ".py"
+                and "work" not in p.parts], sorted(beside.rglob("*"))
 
 
 def test_the_tricks_work_when_the_whole_notebook_runs(tmp_path, fixture_release):
