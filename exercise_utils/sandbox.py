@@ -38,7 +38,8 @@ def unavailable():
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return f"the bwrap command (bubblewrap) is not installed: {INSTALL}"
-    probe = subprocess.run(command(["true"]), capture_output=True, text=True, timeout=60)
+    probe = subprocess.run(command(["true"], cwd="/"), capture_output=True, text=True,
+                           timeout=60)
     if probe.returncode != 0:
         return (f"bwrap cannot create its namespaces here ({probe.stderr.strip()[:200]}): run "
                 "as root, or enable unprivileged user namespaces "
@@ -66,7 +67,8 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None):
             hidden is readable already), e.g. a student's file in a temporary folder.
         network: keep the machine's network (the course's namespace hosts give each rank an
             address of its own); by default only a private loopback.
-        cwd: the working directory inside (default: the current one).
+        cwd: the working directory inside (default: the current one; under ``/tmp`` it
+            must be one of ``readable`` or ``writable``, which the sandbox sees there).
     Returns:
         list: the full command line.
     """

@@ -29,7 +29,8 @@ def bwrap():
 def run_inside(code, **kwargs):
     """Run Python ``code`` in a sandbox; its last line of output, as JSON."""
     out = subprocess.run(sandbox.command([sys.executable, "-c", textwrap.dedent(code)],
-                                         **kwargs), capture_output=True, text=True, timeout=120)
+                                         cwd="/", **kwargs),
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -103,7 +104,7 @@ def test_a_sandboxed_tree_is_stopped_whole(bwrap, tmp_path):
     process left behind)."""
     cmd = sandbox.command([sys.executable, "-c", "import subprocess, sys, time; "
                            "subprocess.Popen([sys.executable, '-c', 'import time; "
-                           "time.sleep(300)']); time.sleep(300)"])
+                           "time.sleep(300)']); time.sleep(300)"], cwd="/")
     with pytest.raises(launch.LaunchTimeout):
         launch.run(cmd, timeout=3, echo=False)
 
