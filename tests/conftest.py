@@ -5,6 +5,16 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import settings
+
+# Property tests are reproducible by default: the same examples on every run, so a submission's
+# CI verdict does not depend on which examples a random seed drew (a random draw once found,
+# in CI only, a claim the test made that the contract does not: issue 24's note). Searching
+# for new counter-examples is a separate, deliberate step:
+#   HYPOTHESIS_PROFILE=explore .venv/bin/python -m pytest tests -k "contract or reference or solution"
+settings.register_profile("default", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 from exercise_utils import processes
 
