@@ -1,6 +1,7 @@
 """The memory checker of notebook 07 (ZeRO-1): ``check_memory`` for ``work/07_zero.py``.
 
-``bytes_per_device`` is pure arithmetic: it is called in this process (no launch), on a sweep
+``bytes_per_device`` is pure arithmetic: it is called in one lone process
+(:mod:`.probes_memory`; the grading kernel never imports a student file), on a sweep
 of (Psi, K, N_d) for every stage, one dimension changed at a time (check cases
 "memory-stages": K = 12 given or left out, N_d > 1; "memory-k": other K; "memory-one-device":
 N_d = 1), against the checker's own formula (:func:`expected_bytes`, to
@@ -13,8 +14,9 @@ Used in 07_bonus_zero_sharding.
 import math
 from pathlib import Path
 
-from ..harness import check
-from ..contract import CheckFailure, fail
+from ..harness import check, run_ranks
+from ..contract import fail
+from .probes_memory import memory_calls
 
 PAPER = dict(num_params=7.5e9, num_devices=64)          # ZeRO paper, Figure 1
 PAPER_GB = (120.0, 31.4, 16.6, 1.9)                      # stages 0..3, GB = 1e9 bytes
@@ -45,37 +47,48 @@ def memory_cases():
     return cases
 
 
-def _not_implemented(path):
-    return CheckFailure(f"not implemented yet: bytes_per_device in {path} still raises "
-                        f"NotImplementedError. Replace the `raise` line with your code, then "
-                        f"run the %%writefile cell again.")
+class _Outcomes:
+    """The reported outcome of every call, looked up by its arguments."""
+
+    def __init__(self, path, calls):
+        values = run_ranks(path, memory_calls, kwargs={"calls": calls}, what="bytes_per_device",
+                           case="memory-stages")[0]
+        self.table = {self.key(args, kwargs): got for (args, kwargs), got in zip(calls, values)}
+
+    @staticmethod
+    def key(args, kwargs):
+        return repr((list(args), sorted(kwargs.items())))
+
+    def get(self, *args, **kwargs):
+        return self.table[self.key(args, kwargs)]
 
 
-def _outcome(student, path, *args, **kwargs):
-    """``(value, None)`` or ``(None, the exception)`` of ``bytes_per_device``."""
-    try:
-        return student.bytes_per_device(*args, **kwargs), None
-    except NotImplementedError:
-        raise _not_implemented(path) from None
-    except Exception as exc:  # noqa: BLE001 - the student's error, reported for the case
-        return None, exc
+def _calls():
+    """Every ``[args, kwargs]`` the checker asks for, in its order."""
+    calls = []
+    for _, psi, n, k in memory_cases():
+        for stage in range(4):
+            calls.append([[psi, n, stage], {} if k is None else {"k": k}])
+    calls += [[[], dict(PAPER, stage=s)] for s in range(4)]
+    calls += [[[1000, n], {"stage": stage}] for stage in INVALID_STAGES for n in (2, 1)]
+    return calls
 
 
-def _call(student, path, case, call, *args, **kwargs):
-    got, error = _outcome(student, path, *args, **kwargs)
-    if error is not None:
-        fail(case, f"{call} raised {type(error).__name__}: {error}; stages 0 to 3 work for any number of "
-                   f"parameters, any K and any number of devices, 1 included")
+def _call(outcomes, case, call, *args, **kwargs):
+    got = outcomes.get(*args, **kwargs)
+    if "error" in got:
+        fail(case, f"{call} raised {got['error']}: {got['message']}; stages 0 to 3 work for any "
+                   f"number of parameters, any K and any number of devices, 1 included")
     return got
 
 
-def _shown(value):
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value:.10g} bytes ({value / 1e9:.4g} GB)"
-    return repr(value)
+def _shown(got):
+    if got["number"]:
+        return f"{got['value']:.10g} bytes ({got['value'] / 1e9:.4g} GB)"
+    return got["shown"]
 
 
-def _check_values(student, path):
+def _check_values(outcomes):
     """Every case of the sweep, most basic dimension first; returns ``{type name: call}`` of
     the results that are not floats."""
     types = {}
@@ -83,13 +96,13 @@ def _check_values(student, path):
         for stage in range(4):
             if k is None:
                 call = f"bytes_per_device({psi:g}, {n}, stage={stage})"
-                got = _call(student, path, case, call, psi, n, stage)
+                got = _call(outcomes, case, call, psi, n, stage)
             else:
                 call = f"bytes_per_device({psi:g}, {n}, stage={stage}, k={k})"
-                got = _call(student, path, case, call, psi, n, stage, k=k)
+                got = _call(outcomes, case, call, psi, n, stage, k=k)
             want = expected_bytes(psi, n, stage, 12 if k is None else k)
-            number = isinstance(got, (int, float)) and not isinstance(got, bool)
-            if not number or not math.isclose(got, want, rel_tol=REL, abs_tol=1e-9):
+            if not got["number"] or not math.isclose(got["value"], want, rel_tol=REL,
+                                                     abs_tol=1e-9):
                 hint = {"memory-k": "the optimizer state is k bytes per parameter: use the "
                                     "argument k, not a constant",
                         "memory-one-device": "with one device every stage keeps everything: "
@@ -99,29 +112,18 @@ def _check_values(student, path):
                            f"2 bytes fp16 parameters, 2 bytes fp16 gradients, K bytes optimizer "
                            f"state; divide by num_devices exactly the parts that stage partitions"
                            + (f" ({hint})" if hint else ""))
-            if not isinstance(got, float):
-                types.setdefault(type(got).__name__, call)
+            if not got["float"]:
+                types.setdefault(got["type"], call)
     return types
 
 
 @check
 def check_memory(path):
-    """Check ``bytes_per_device`` (imported here: pure arithmetic, no processes)."""
-    from ..rankworker import load_student
-    path = Path(path)
-    if not path.is_file():
-        raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it "
-                           f"first.")
-    student, error = None, None
-    try:
-        student = load_student(path)
-    except Exception as exc:  # noqa: BLE001 - the file does not import
-        error = f"importing {path} raised {type(exc).__name__}: {exc}"
-    if error:
-        fail("memory-stages", error)
-    types = _check_values(student, path)
-    got = [round(_call(student, path, "memory-stages", "bytes_per_device(7.5e9, 64, stage)",
-                       stage=s, **PAPER) / 1e9, 1) for s in range(4)]
+    """Check ``bytes_per_device``: every call in one lone process, judged here."""
+    outcomes = _Outcomes(Path(path), _calls())
+    types = _check_values(outcomes)
+    got = [round(_call(outcomes, "memory-stages", "bytes_per_device(7.5e9, 64, stage)",
+                       stage=s, **PAPER)["value"] / 1e9, 1) for s in range(4)]
     if tuple(got) != PAPER_GB:
         fail("memory-stages", f"7.5B parameters on 64 devices gave {got} GB per device; the "
                              f"paper's Figure 1: {list(PAPER_GB)} (GB = 1e9 bytes)")
@@ -132,13 +134,13 @@ def check_memory(path):
     for stage in INVALID_STAGES:
         for n in (2, 1):
             call = f"bytes_per_device(1000, {n}, stage={stage})"
-            got, error = _outcome(student, path, 1000, n, stage=stage)
-            if isinstance(error, ValueError):
+            got = outcomes.get(1000, n, stage=stage)
+            if got.get("value_error"):
                 continue
-            if error is not None:
-                fail("memory-invalid-stage", f"{call} raised {type(error).__name__}: {error}; "
+            if "error" in got:
+                fail("memory-invalid-stage", f"{call} raised {got['error']}: {got['message']}; "
                      f"it must raise ValueError: "
                      f"ZeRO has stages 0 (baseline), 1, 2 and 3 only")
-            fail("memory-invalid-stage", f"{call} returned {got!r}; it must raise ValueError: "
-                 f"ZeRO has stages 0 (baseline), 1, 2 and 3 only (check the stage before "
-                 f"computing anything; non-integer stages too)")
+            fail("memory-invalid-stage", f"{call} returned {got['shown']}; it must raise "
+                 f"ValueError: ZeRO has stages 0 (baseline), 1, 2 and 3 only (check the stage "
+                 f"before computing anything; non-integer stages too)")
