@@ -5,7 +5,9 @@ Modules:
 
 * ``checks``: ``check_sharded`` and the launches it shares with ``check_checkpoint``
   (``check_memory`` is imported from there too);
-* ``checks_memory``: ``check_memory`` (a sweep of the memory model, in the checker's process);
+* ``checks_memory``: ``check_memory`` (a sweep of the memory model, judged in the checker's
+  process);
+* ``probes_memory``: calls the student's ``bytes_per_device`` in a lone process;
 * ``checks_sharded``: what ``check_sharded`` holds the ranks' results to;
 * ``checks_checkpoint``: ``check_checkpoint``;
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
