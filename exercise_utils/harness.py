@@ -28,8 +28,9 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import psutil
 
-from . import heartbeat, integrity, launch, plaindata
+from . import heartbeat, integrity, launch, plaindata, sandbox
 from .processes import TAG, kill_processes, tagged_processes
 from .contract import CheckFailure
 
@@ -182,7 +183,10 @@ def _reap(state):
     report may still be exiting; the zygote kills it soon, but not before the check returns),
     not the zygote: a nested block ends with no rank of its checks left behind."""
     if state["proc"] is not None:
-        kill_processes([p for p in tagged_processes(state["tag"]) if p.pid != state["proc"].pid])
+        zygote = {state["proc"].pid}     # and, at grading, the zygote inside its bwrap
+        with contextlib.suppress(psutil.Error):
+            zygote |= {c.pid for c in psutil.Process(state["proc"].pid).children()}
+        kill_processes([p for p in tagged_processes(state["tag"]) if p.pid not in zygote])
 
 
 def _session_socket():
@@ -192,7 +196,8 @@ def _session_socket():
         sock = Path(state["tmp"]) / "zygote.sock"
         env = {**os.environ, TAG: state["tag"]}
         state["proc"] = proc = subprocess.Popen(
-            [sys.executable, "-m", "exercise_utils.zygote", "--socket", str(sock)], env=env,
+            sandbox.wrap([sys.executable, "-m", "exercise_utils.zygote", "--socket", str(sock)]),
+            env=env,
             stdin=subprocess.DEVNULL, start_new_session=True)
         while not sock.exists():
             if proc.poll() is not None:

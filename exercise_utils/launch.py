@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from . import sandbox
 from .processes import TAG, cleanup, die_with_parent, remember_children
 HANG_HINT = ("A distributed program that hangs is almost always waiting in a collective "
              "(Bcast, Allreduce, barrier, ...) that another rank never called, or called "
@@ -209,8 +210,9 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
             full_env[var] = str(threads)
     lines, partial = [], [""]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
-                            env=full_env, start_new_session=True, preexec_fn=die_with_parent)
+    proc = subprocess.Popen(sandbox.wrap(cmd, cwd), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, cwd=cwd, env=full_env,
+                            start_new_session=True, preexec_fn=die_with_parent)
     seen = {proc.pid: psutil.Process(proc.pid)}
     status = "interrupted"
     try:

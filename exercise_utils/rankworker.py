@@ -260,6 +260,8 @@ def _preload(args, torch=True):
 
 
 def main():
+    from .sandbox import harden
+    harden()        # at grading: unreadable to other sandboxes (other submissions' ranks)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for opt in ("--student", "--probe", "--kwargs", "--out"):
         parser.add_argument(opt, required=True)

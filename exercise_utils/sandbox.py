@@ -16,14 +16,28 @@ checks' heartbeats see every process as they do outside.
 :func:`unavailable` says why a sandbox cannot run here (no ``bwrap``, or a kernel that refuses
 its namespaces: a laptop without user namespaces, a container), or None.
 
+At grading, ``scripts/course.py`` puts a policy in the environment of nbgrader and so of
+every grading kernel (:data:`POLICY`, see :func:`grading_policy`); then every command
+:mod:`.launch` runs and the checks' zygote (:mod:`.harness`) run through :func:`wrap`, i.e. in a
+sandbox, with the kernel's working directory (the submission's folder) and the kernel's own
+private temporary folder (:func:`private_tmpdir`, made when ``exercise_utils`` is imported)
+writable, and the policy's folders hidden. Inside, all capabilities are dropped: root there
+cannot remount what is hidden, nor read the memory, environment or ``/proc/PID/root`` of any
+process outside (the judge's kernel, nbgrader). Without a policy, :func:`wrap` changes nothing
+(students' own machines).
+
 Used by the course's grading (``make autograde``) and ``tests/test_sandbox.py``.
 """
+import atexit
 import functools
+import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
+POLICY = "DTFS_SANDBOX"          # the grader's policy (JSON): run launches in a sandbox
+INSIDE = "DTFS_SANDBOXED"         # set inside a sandbox: launches there are not wrapped again
 INSTALL = ("install it: sudo apt-get install bubblewrap (Debian, Ubuntu), or your system's "
            "package of the same name")
 
@@ -72,8 +86,9 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None):
     Returns:
         list: the full command line.
     """
-    args = ["bwrap", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
-            "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    args = ["bwrap", "--die-with-parent", "--cap-drop", "ALL", "--setenv", INSIDE, "1",
+            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            "--tmpfs", "/dev/shm"]
     for path in readable:
         path = Path(path).resolve()
         args += ["--ro-bind", str(path), str(path)]
@@ -91,3 +106,57 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None):
         args.append("--unshare-net")
     args += ["--chdir", str(Path(cwd or os.getcwd()).resolve()), "--"]
     return args + [str(c) for c in cmd]
+
+
+def grading_policy(hidden):
+    """The environment variable that makes :func:`wrap` sandbox every launch (JSON: the
+    folders and files to hide), as ``{POLICY: text}``."""
+    return {POLICY: json.dumps({"hidden": [str(Path(p).resolve()) for p in hidden]})}
+
+
+def policy():
+    """The grader's policy (a dict) in force for this process's launches, or None: none was
+    set, or this process runs inside a sandbox already."""
+    text = os.environ.get(POLICY)
+    if not text or os.environ.get(INSIDE):
+        return None
+    return json.loads(text)
+
+
+def private_tmpdir():
+    """Under a policy, make this process's temporary folder a fresh one of its own (removed
+    at exit), once: the sandboxes of its launches get it writable (check folders, sockets,
+    reports) and nothing else of the machine's ``/tmp``. Returns the folder, or None."""
+    if policy() is None:
+        return None
+    import tempfile
+    if os.environ.get("DTFS_SANDBOX_TMP") == tempfile.gettempdir():
+        return tempfile.gettempdir()
+    folder = tempfile.mkdtemp(prefix="dtfs-grade-", dir="/tmp")
+    os.environ["TMPDIR"] = os.environ["DTFS_SANDBOX_TMP"] = tempfile.tempdir = folder
+    import shutil as _shutil
+    atexit.register(_shutil.rmtree, folder, True)
+    return folder
+
+
+def wrap(cmd, cwd=None):
+    """``cmd`` as it must run here: in a sandbox under the grader's policy (hidden: the
+    policy's paths; writable: the current folder and the private temporary folder), else
+    unchanged. Raises :class:`SandboxUnavailable` if a policy is set and no sandbox can run."""
+    rules = policy()
+    if rules is None:
+        return [str(c) for c in cmd]
+    require()
+    here = os.getcwd()
+    return command(cmd, writable=[here, private_tmpdir()], hidden=rules["hidden"],
+                   cwd=cwd or here)
+
+
+def harden():
+    """Inside a sandbox, make this process and what it forks non-dumpable: with no
+    capability, no other sandboxed process (another submission's ranks, graded at the same
+    time with ``JOBS``) can then read its memory, environment or ``/proc`` entries. Called by
+    the ranks' zygote and worker; elsewhere it does nothing."""
+    if os.environ.get(INSIDE):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0

@@ -209,6 +209,8 @@ def _kill(pid):
 
 
 def main():
+    from .sandbox import harden
+    harden()        # at grading: the ranks it forks stay unreadable to other sandboxes
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
