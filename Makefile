@@ -12,7 +12,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 LAB_FLAGS := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)   # containers and Colab run as root
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup data lab demo test release autograde autograde-slurm feedback clean help
+.PHONY: setup data sandbox lab demo test release autograde autograde-slurm feedback clean help
 help:
 	@echo "make lab        install (once) and open JupyterLab on notebooks/"
 	@echo "make test       run the whole test suite (quick mode)"
@@ -22,7 +22,7 @@ help:
 	@echo "make autograde-slurm  submit the grading of $(COURSE) as a SLURM array job (PER_TASK=K)"
 	@echo "make feedback   HTML feedback for the autograded submissions"
 
-setup: $(STAMP) data
+setup: $(STAMP) data sandbox
 
 $(STAMP): pyproject.toml constraints.txt
 	@if [ -x $(PY) ]; then echo "setup: using the existing virtual environment $(VENV)"; \
@@ -42,6 +42,17 @@ data:
 	   && echo "setup: installed dataset-fashion-mnist" \
 	   || echo "setup: could not install dataset-fashion-mnist (no root?). Run: sudo apt-get install dataset-fashion-mnist, or see README > Data"; \
 	 else echo "setup: no apt-get here: see README > Data to provide MNIST or Fashion-MNIST"; fi
+
+# bubblewrap: make autograde runs student code in its sandbox (exercise_utils/sandbox.py) and
+# refuses to grade without it unless UNSAFE=1; students' own checks do not need it.
+sandbox:
+	@if command -v bwrap > /dev/null; then :; \
+	 elif [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then echo "setup: installing the Debian package bubblewrap (the grading sandbox)"; \
+	   ( apt-get install -y -q bubblewrap > /dev/null 2>&1 \
+	     || { apt-get update -q > /dev/null 2>&1 && apt-get install -y -q bubblewrap > /dev/null 2>&1; } ) \
+	   && echo "setup: installed bubblewrap" \
+	   || echo "setup: could not install bubblewrap; make autograde will need UNSAFE=1 (see README > Grading)"; \
+	 else echo "setup: no bubblewrap (only instructors grading need it: sudo apt-get install bubblewrap)"; fi
 
 lab: setup
 	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/
@@ -64,10 +75,10 @@ release: $(STAMP)
 	$(PY) scripts/course.py release
 
 autograde: $(STAMP)
-	$(PY) scripts/course.py autograde --course $(COURSE) --jobs $(JOBS)
+	$(PY) scripts/course.py autograde --course $(COURSE) --jobs $(JOBS) $(if $(UNSAFE),--unsafe)
 
 autograde-slurm: $(STAMP)
-	$(PY) scripts/course.py autograde --course $(COURSE) --slurm --per-task $(PER_TASK)
+	$(PY) scripts/course.py autograde --course $(COURSE) --slurm --per-task $(PER_TASK) $(if $(UNSAFE),--unsafe)
 
 feedback: $(STAMP)
 	$(PY) scripts/course.py feedback --course $(COURSE)

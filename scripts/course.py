@@ -233,6 +233,36 @@ def print_grades(csv_path, failed=()):
               f"{float(r['score']):>7g}  {float(r['max_score']):>9g}{note}")
 
 
+REFUSAL = """error: autograde refuses to grade without a sandbox: {reason}.
+Student code would run with your rights: it could read solutions/, tests/, the gradebook and
+the other submissions, and score full marks that way. Grade on a machine where bubblewrap runs
+(Linux as root, or with unprivileged user namespaces; `make setup` installs it as root), or, for
+submissions you trust (your own), add --unsafe (make autograde UNSAFE=1)."""
+
+
+def sandbox_policy(args, course):
+    """The environment entries that make every grading kernel run its launches in a sandbox
+    (exercise_utils.sandbox), hiding solutions/, tests/, .git, the course folder (gradebook,
+    sources, every submission; the kernel's own submission folder is bound back) and Jupyter's
+    runtime folder (kernel connection files); {} with --unsafe. Raises CourseError (the
+    refusal) where no sandbox can run and --unsafe was not given."""
+    from exercise_utils import sandbox
+    if args.unsafe:
+        print("autograde: --unsafe: grading WITHOUT a sandbox; student code can read solutions/, "
+              "tests/, the gradebook and other submissions", flush=True)
+        return {}
+    reason = sandbox.unavailable()
+    if reason:
+        raise CourseError(REFUSAL.format(reason=reason).removeprefix("error: "))
+    from jupyter_core.paths import jupyter_runtime_dir
+    hidden = [ROOT / "solutions", ROOT / "tests", ROOT / ".git", Path(args.solutions), course,
+              Path(jupyter_runtime_dir())]
+    print("autograde: every process that runs student code runs in a bubblewrap sandbox "
+          "(hidden: solutions, tests, .git, the course folder but the submission's own, "
+          "Jupyter's runtime files; no network but its own loopback)", flush=True)
+    return sandbox.grading_policy(hidden)
+
+
 def cmd_autograde(args):
     """Autograde every submission in COURSE/submitted and export COURSE/grades.csv."""
     course = Path(args.course).resolve()
@@ -241,22 +271,23 @@ def cmd_autograde(args):
         (course / "submitted").mkdir(parents=True, exist_ok=True)
         print("error: no submissions found\n" + EXPECTED_LAYOUT.format(course=course), file=sys.stderr)
         return 1
+    policy = sandbox_policy(args, course)
     write_config(course, args.cell_timeout, not args.whole_notebook)
     for stem in assignments:
         _, text, _ = load_normalized(Path(args.solutions) / f"{stem}.ipynb")
         install_source(course, stem, text)
         nbgrader(["generate_assignment", stem, "--force"], course)
     if args.slurm:
-        return grade_on_slurm(course, assignments, args)
+        return grade_on_slurm(course, assignments, args, policy)
     if args.jobs > 1:
-        failed = grade_in_parallel(course, assignments, args)
+        failed = grade_in_parallel(course, assignments, args, policy)
         rc = int(bool(failed))
     else:
         failed, rc = set(), 0
         with tempfile.TemporaryDirectory(prefix="dtfs-k-", dir="/tmp") as ipc:
             for stem in assignments:   # kernels over IPC sockets: no TCP port to race for
                 status, lines = nbgrader(["autograde", stem, "--force"], course, live=True,
-                                         check=False, env={"DTFS_KERNEL_IPC": ipc})
+                                         check=False, env={"DTFS_KERNEL_IPC": ipc, **policy})
                 rc = rc or status
                 failed |= {m.groups() for m in map(FAILED_RE.search, lines) if m}
     grades = course / "grades.csv"
@@ -271,11 +302,11 @@ def cmd_autograde(args):
     return 0
 
 
-def grade_on_slurm(course, assignments, args):
+def grade_on_slurm(course, assignments, args, policy):
     """Submit the class as a SLURM array job plus a dependent merge job (scripts/slurm_grade.py);
     with --wait, wait for both and print the grades."""
     import slurm_grade
-    env = nbgrader_env()
+    env = {**nbgrader_env(), **policy}
     pairs = parallel_grade.submission_pairs(course, assignments)
     ids = slurm_grade.submit(course, pairs, args.per_task, args.sbatch_arg, args.job_timeout,
                              lambda folder: write_config(folder, args.cell_timeout,
@@ -292,14 +323,14 @@ def grade_on_slurm(course, assignments, args):
     return 1 if failed else 0
 
 
-def grade_in_parallel(course, assignments, args):
+def grade_in_parallel(course, assignments, args, policy):
     """Grade every submission ``args.jobs`` at a time; return the pairs that failed."""
     pairs = parallel_grade.submission_pairs(course, assignments)
     print(f"autograde: {len(pairs)} submissions, {args.jobs} at a time", flush=True)
     results = parallel_grade.grade_all(
         course, pairs, args.jobs,
         lambda folder: write_config(folder, args.cell_timeout, not args.whole_notebook),
-        [sys.executable, "-m", "nbgrader"], nbgrader_env(), args.job_timeout,
+        [sys.executable, "-m", "nbgrader"], {**nbgrader_env(), **policy}, args.job_timeout,
         out=lambda line: print(line, flush=True))
     return {pair for pair, (status, _) in results.items() if status != "ok"}
 
@@ -345,6 +376,9 @@ def parse_args(argv=None):
     grading.add_argument("--sbatch-arg", action="append", default=[],
                          help="extra #SBATCH line for both jobs, e.g. --sbatch-arg=--partition=cpu")
     grading.add_argument("--wait", action="store_true", help="with --slurm: wait and print the grades")
+    grading.add_argument("--unsafe", action="store_true",
+                         help="grade without the sandbox where none can run (no root, no "
+                              "bubblewrap): only for submissions you trust")
     grading.add_argument("--whole-notebook", action="store_true",
                          help="run every cell of a submission, as plain nbgrader does (default: "
                               "only the setup, exercise and CHECK cells; scripts/graded_only.py)")
