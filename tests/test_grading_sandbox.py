@@ -1,0 +1,244 @@
+"""Grading in the sandbox (issue 25): under ``make autograde``'s policy every launch of a check
+runs in bubblewrap, where solutions/, tests/, .git and the course folder (gradebook, other
+submissions) read as empty, no capability is left and the judge's processes cannot be read.
+
+The cheats of tests/cheats/sandbox/ pass their check where the files are readable (so each
+trick is real and these tests can fail) and fail under the policy; a notebook whose exercise
+cell runs the solution scores 0 under ``scripts/course.py autograde``; without a sandbox,
+autograde refuses unless given ``--unsafe``.
+"""
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from exercise_utils import sandbox
+from grading import autograde, check_outputs
+from test_cheats import checker_for
+from test_sandbox import bwrap  # noqa: F401 - the fixture: installs bubblewrap or skips
+
+ROOT = Path(__file__).resolve().parents[1]
+CHEATS = ROOT / "tests" / "cheats" / "sandbox"
+RUN_CHECK = textwrap.dedent("""
+    import importlib, json, sys
+    module, name, path = sys.argv[1:4]
+    check = getattr(importlib.import_module(module), name)
+    try:
+        check(path)
+        print(json.dumps({"passed": True}))
+    except AssertionError as exc:
+        print(json.dumps({"passed": False, "message": str(exc)[:1500]}))
+""")
+
+
+def policy_env(course):
+    hidden = [ROOT / "solutions", ROOT / "tests", ROOT / ".git", course]
+    return {**os.environ, **sandbox.grading_policy(hidden)}
+
+
+def submission(tmp_path, stem, text):
+    """A course folder with one submission's exercise file in the kernel's folder:
+    course/autograded/student/STEM/work/<file>, and a gradebook holding the solution's cells
+    (the table nbgrader keeps them in)."""
+    course = tmp_path / "course"
+    folder = course / "autograded" / "student" / stem
+    (folder / "work").mkdir(parents=True)
+    db = sqlite3.connect(course / "gradebook.db")
+    db.execute("CREATE TABLE source_cells (name TEXT, source TEXT)")
+    nb = nbformat.read(next((ROOT / "solutions").glob(f"{stem[:2]}_*.ipynb")), as_version=4)
+    db.executemany("INSERT INTO source_cells VALUES (?, ?)",
+                   [(str(i), c.source) for i, c in enumerate(nb.cells)])
+    db.commit()
+    db.close()
+    return course, folder, text
+
+
+def run_check(cheat, folder, env):
+    check = checker_for(cheat.stem)
+    target = folder / "work" / cheat.name
+    target.write_text(cheat.read_text())
+    out = subprocess.run([sys.executable, "-c", RUN_CHECK, check.__module__, check.__name__,
+                          str(target)], cwd=folder, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in CHEATS.glob("*.py")))
+def test_sandbox_cheat_passes_unsandboxed_and_fails_under_the_policy(bwrap, tmp_path, stem):  # noqa: F811
+    cheat = CHEATS / f"{stem}.py"
+    course, folder, _ = submission(tmp_path, stem, cheat.read_text())
+    free = run_check(cheat, folder, dict(os.environ))
+    assert free["passed"], f"the trick does not work even without the sandbox: {free}"
+    jailed = run_check(cheat, folder, policy_env(course))
+    assert not jailed["passed"], "the sandbox let the cheat pass"
+    assert "integrity" not in jailed["message"], jailed["message"]
+    assert any(word in jailed["message"] for word in ("FileNotFoundError", "gradebook",
+                                                       "KeyError", "NameError", "has no")), \
+        jailed["message"]
+    assert not list(Path("/tmp").glob("dtfs-grade-*/dtfs-check-*")), "check folders left behind"
+
+
+PROBE = textwrap.dedent("""
+    import json, os, subprocess
+    out = {"solutions": os.listdir(%(root)r + "/solutions"), "tests": os.listdir(%(root)r + "/tests"),
+           "course": sorted(os.listdir(%(course)r)), "own": os.path.isdir("work")}
+    try:
+        open("/proc/%(judge)d/environ", "rb").read(10)
+        out["judge_environ"] = "read"
+    except OSError as exc:
+        out["judge_environ"] = type(exc).__name__
+    out["umount"] = subprocess.run(["umount", %(root)r + "/solutions"], capture_output=True).returncode
+    for name, path in (("cwd", "mine.txt"), ("repo", %(root)r + "/x.txt"),
+                       ("tmpdir", os.path.join(os.environ["TMPDIR"], "t.txt"))):
+        try:
+            open(path, "w").write("x")
+            out[name] = "wrote"
+        except OSError as exc:
+            out[name] = type(exc).__name__
+    out["caps"] = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
+    print(json.dumps(out))
+""")
+
+
+def test_a_launch_under_the_policy_sees_only_its_submission(bwrap, tmp_path):  # noqa: F811
+    """What a rank sees: the course's hidden folders empty, its own folder and the kernel's
+    private temporary folder writable, the repository read-only, no capability, the judge's
+    environment unreadable (as every process outside: its memory too)."""
+    course, folder, _ = submission(tmp_path, "01_mpi_parallel_sgd", "")
+    (course / "submitted" / "other" / "01_mpi_parallel_sgd").mkdir(parents=True)
+    code = PROBE % {"root": str(ROOT), "course": str(course), "judge": os.getpid()}
+    launcher = textwrap.dedent(f"""
+        import json, sys, tempfile
+        from exercise_utils import launch
+        res = launch.run([sys.executable, "-c", {code!r}], timeout=120, echo=False)
+        got = json.loads(res.output.strip().splitlines()[-1])
+        got["private_tmp"] = tempfile.gettempdir()
+        print(json.dumps(got))
+    """)
+    out = subprocess.run([sys.executable, "-c", launcher], cwd=folder, env=policy_env(course),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["solutions"] == [] and got["tests"] == [], got
+    assert got["course"] == ["autograded"], got          # no gradebook, no other submission
+    assert got["own"] and got["cwd"] == "wrote" and got["tmpdir"] == "wrote", got
+    assert got["repo"] == "OSError" or got["repo"].endswith("Error"), got
+    assert got["repo"] != "wrote" and got["judge_environ"] == "PermissionError", got
+    assert got["umount"] != 0 and int(got["caps"], 16) == 0, got
+    assert got["private_tmp"].startswith("/tmp/dtfs-grade-"), got
+    assert not Path(got["private_tmp"]).exists(), "the kernel's private folder outlived it"
+    assert (folder / "mine.txt").read_text() == "x"
+
+
+def test_autograde_refuses_without_a_sandbox_unless_unsafe(tmp_path):
+    """No bwrap on PATH (a laptop, Colab): autograde says why and grades nothing; with
+    --unsafe it grades (the fixture notebook, solution: full marks)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for folder in os.environ["PATH"].split(os.pathsep):
+        for exe in Path(folder).glob("*") if Path(folder).is_dir() else ():
+            if exe.name != "bwrap" and not (bin_dir / exe.name).exists():
+                (bin_dir / exe.name).symlink_to(exe)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{bin_dir}"}
+    fixture = ROOT / "tests" / "fixtures" / "00_fixture"
+    course = tmp_path / "course"
+    target = course / "submitted" / "student" / "00_fixture"
+    target.mkdir(parents=True)
+    (target / "00_fixture.ipynb").write_text((fixture / "00_fixture.ipynb").read_text())
+    cmd = [sys.executable, str(ROOT / "scripts" / "course.py"), "autograde", "--course",
+           str(course), "--solutions", str(fixture), "--cell-timeout", "60"]
+    refused = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0, refused.stdout[-2000:]
+    assert "refuses to grade without a sandbox" in refused.stderr, refused.stderr[-2000:]
+    assert "bubblewrap" in refused.stderr and "--unsafe" in refused.stderr
+    assert not (course / "grades.csv").exists()
+    graded = subprocess.run(cmd + ["--unsafe"], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
+    assert "WITHOUT a sandbox" in graded.stdout
+    import csv
+    rows = list(csv.DictReader((course / "grades.csv").open()))
+    assert [(r["student_id"], float(r["score"])) for r in rows] == \
+        [("student", float(rows[0]["max_score"]))], rows
+
+
+CHEAT_CELL = {
+    "reads_solution": (CHEATS / "07_memory_exec_solution.py").read_text(),
+    "reads_gradebook": (CHEATS / "07_memory_read_gradebook.py").read_text(),
+}
+
+
+def test_notebook_cheats_score_zero_under_autograde(bwrap, tmp_path):  # noqa: F811
+    """Submissions of notebook 07 whose exercise cell runs the course's solution, read from
+    solutions/ or from the gradebook: 0 points under make autograde's sandbox (each trick
+    passes check_memory where the files are readable: the parametrized test above)."""
+    stem = "07_bonus_zero_sharding"
+    release = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)
+    subs = {}
+    for student, body in CHEAT_CELL.items():
+        nb = nbformat.reads(nbformat.writes(release), as_version=4)
+        cell = next(c for c in nb.cells if c.source.startswith("%%writefile work/07_zero.py"))
+        cell.source = "%%writefile work/07_zero.py\n" + body
+        subs[student] = nbformat.writes(nb)
+    course, scores, _ = autograde(tmp_path, stem, subs, whole_notebook=False)
+    assert scores == {"reads_solution": 0.0, "reads_gradebook": 0.0}, scores
+    for student in subs:
+        text = next(v for k, v in check_outputs(course, student, stem).items()
+                    if k.startswith("# CHECK memory"))
+        assert "FileNotFoundError" in text and "violated" not in text, text[-1500:]
+
+
+def test_hardened_ranks_are_unreadable_from_another_sandbox(bwrap):  # noqa: F811
+    """Two submissions graded at once (JOBS): a process of one sandbox cannot read the
+    environment (nor the memory) of a hardened rank in another; an unhardened one it can,
+    so the test can fail."""
+    seen = {}
+    for hardened in (False, True):
+        code = ("import time\nfrom exercise_utils import sandbox\n"
+                + ("sandbox.harden()\n" if hardened else "") + "print('up', flush=True)\ntime.sleep(60)")
+        victim = subprocess.Popen(sandbox.command([sys.executable, "-c", code], cwd="/"),
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert victim.stdout.readline().strip() == "up"
+            pid = next(p for p in _descendants(victim.pid) if _is_python(p))
+            spy = subprocess.run(sandbox.command(
+                [sys.executable, "-c", f"open('/proc/{pid}/environ', 'rb').read(10)"], cwd="/"),
+                capture_output=True, text=True, timeout=120)
+            seen[hardened] = spy.returncode == 0 or spy.stderr.strip().splitlines()[-1]
+        finally:
+            victim.kill()
+            victim.wait()
+            for p in _descendants(victim.pid):
+                _kill(p)
+    assert seen[False] is True, seen
+    assert "PermissionError" in seen[True], seen
+
+
+def _descendants(pid):
+    import psutil
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _is_python(pid):
+    import psutil
+    try:
+        return "python" in psutil.Process(pid).name()
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _kill(pid):
+    try:
+        os.kill(pid, 9)
+    except ProcessLookupError:
+        pass
