@@ -2,6 +2,7 @@
 """Seconds to autograde one submission of each notebook: graded-only vs the whole notebook.
 
     DTFS_QUICK=1 python scripts/grading_bench.py 01 02 03 --out results/grading_quick.json
+    DTFS_QUICK=1 python scripts/grading_bench.py --sandbox 01 02 --out results/grading_sandbox.json
     python scripts/grading_bench.py --jobs-class 02 --students 4 --out results/grading_jobs.json
     python scripts/grading_bench.py --slurm-class 08 --students 20 --out results/grading_slurm.json
 
@@ -10,6 +11,8 @@ Each measurement is a fresh course folder with the solution notebook submitted b
 start-up and generate_assignment included: what an instructor waits for). With
 ``--jobs-class NN`` it grades a class of NN's solution with JOBS=1 then JOBS=2 instead; with
 ``--slurm-class NN`` through a one-node SLURM it starts and stops (tests/local_slurm.py; root).
+With ``--sandbox`` it grades each notebook graded-only twice, in the grading sandbox (the
+default of ``make autograde``) and with ``--unsafe`` (none), one after the other.
 Results go to JSON and a table; ratios are within one run of this script.
 """
 import argparse
@@ -54,6 +57,8 @@ def main(argv=None):
     p.add_argument("notebooks", nargs="*", help="notebook numbers (default: all)")
     p.add_argument("--jobs-class", help="grade a class of this notebook with JOBS=1 and JOBS=2")
     p.add_argument("--slurm-class", help="grade a class of this notebook on a local SLURM")
+    p.add_argument("--sandbox", action="store_true",
+                   help="graded-only in the sandbox against --unsafe, per notebook")
     p.add_argument("--per-task", type=int, default=1)
     p.add_argument("--students", type=int, default=1)
     p.add_argument("--out", required=True)
@@ -90,14 +95,21 @@ def main(argv=None):
         for prefix in prefixes:
             stem = stem_of(prefix)
             row = {"notebook": stem, "mode": mode, "students": args.students}
-            for name, extra in (("graded_only", []), ("whole_notebook", ["--whole-notebook"])):
+            modes = ((("sandboxed", []), ("unsafe", ["--unsafe"])) if args.sandbox else
+                     (("graded_only", []), ("whole_notebook", ["--whole-notebook"])))
+            for name, extra in modes:
                 seconds, ok, tail = grade(stem, args.students, extra)
                 row[name] = round(seconds / args.students, 1)
                 row[name + "_ok"] = ok
                 if not ok:
                     print(f"{stem} {name}: FAILED\n{tail}", flush=True)
-            row["ratio"] = round(row["whole_notebook"] / row["graded_only"], 2)
             rows.append(row)
+            if args.sandbox:
+                row["ratio"] = round(row["sandboxed"] / row["unsafe"], 2)
+                print(f"{stem} {mode}: sandboxed {row['sandboxed']:.0f} s, unsafe "
+                      f"{row['unsafe']:.0f} s per submission: {row['ratio']:.2f}x", flush=True)
+                continue
+            row["ratio"] = round(row["whole_notebook"] / row["graded_only"], 2)
             print(f"{stem} {mode}: graded-only {row['graded_only']:.0f} s, whole notebook "
                   f"{row['whole_notebook']:.0f} s per submission: {row['ratio']:.1f}x", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
