@@ -22,6 +22,7 @@ import gc
 import json
 import os
 import socket
+import sys
 from datetime import timedelta
 
 import torch
@@ -133,3 +134,11 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    # Leave without the interpreter's teardown: even after the barrier, the collected DDP
+    # model and destroy_process_group(), a worker aborted there now and then (SIGABRT,
+    # "terminate called without an active exception": a C++ thread of the c10d stack still
+    # joinable when static objects are destroyed; 2 of 10 two-node jobs on a loaded 2-core
+    # machine). The job's work is done and its output flushed; the exit code stays 0.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
