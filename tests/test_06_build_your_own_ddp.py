@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from exercise_utils import cluster
 from exercise_utils.build_your_own_ddp import bench, checks, checks_overlap, network
-from exercise_utils.build_your_own_ddp import probes_grad, probes_init, reference
+from exercise_utils.build_your_own_ddp import expected, probes_grad, probes_init, reference
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 import flaws
 from grading import assert_release_regions_in_function_bodies, autograde_solution_and_blank
@@ -82,13 +82,13 @@ def test_reference_packing_meets_the_contract(nbytes, cap):
     """Every item once, in the order given; no empty bucket; a bucket above the cap holds one
     item (larger than the cap); greedy: the next bucket's first item would have taken the
     previous one over the cap, and a bucket may hold exactly the cap."""
-    buckets = reference.pack(nbytes, cap)
+    buckets = expected.pack(nbytes, cap)
     assert [i for b in buckets for i in b] == list(range(len(nbytes))) and all(buckets)
     for bucket in buckets:
         assert sum(nbytes[i] for i in bucket) <= cap or len(bucket) == 1
     for prev, nxt in zip(buckets, buckets[1:]):
         assert sum(nbytes[i] for i in prev) + nbytes[nxt[0]] > cap
-    assert reference.pack([cap // 2, cap - cap // 2], cap) == [[0, 1]]
+    assert expected.pack([cap // 2, cap - cap // 2], cap) == [[0, 1]]
 
 
 PARAMS = st.lists(st.tuples(st.integers(0, 40), st.sampled_from(["float32", "float64",
@@ -109,7 +109,7 @@ def test_solution_buckets_equal_the_reference(solution, params, cap):
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad][::-1]
     if not named:
         return
-    want = [[named[i][0] for i in b] for b in reference.pack(
+    want = [[named[i][0] for i in b] for b in expected.pack(
         [p.numel() * p.element_size() for _, p in named], cap)]
     assert solution.BucketDDP(module, bucket_cap_mb=cap / 2 ** 20).buckets == want
 
@@ -166,9 +166,9 @@ def test_the_sweeps_reach_every_edge_the_contract_names():
         cap = reference.BUCKET_CAPS[case]
         model = reference.make_model(spec)
         sizes = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
-        buckets = reference.expected_buckets(spec, cap)
-        packings[case] = [str(reference.expected_buckets(spec, cap, **rule)) for rule in rules]
-        packings[case].append(str(reference.expected_buckets(spec, cap * 1e6 / 2 ** 20)))
+        buckets = expected.expected_buckets(spec, cap)
+        packings[case] = [str(expected.expected_buckets(spec, cap, **rule)) for rule in rules]
+        packings[case].append(str(expected.expected_buckets(spec, cap * 1e6 / 2 ** 20)))
         if case == "buckets-values":
             assert any(sum(sizes[n] for n in b) == cap and len(b) > 1 for b in buckets)
             assert any(sizes[b[0]] > cap for b in buckets)

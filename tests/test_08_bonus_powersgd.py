@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from exercise_utils import cluster
 from exercise_utils.bonus_powersgd import checks, network
 from exercise_utils.bonus_powersgd import experiments as pe
+from exercise_utils.bonus_powersgd import expected
 from exercise_utils.bonus_powersgd import reference as ref
 from exercise_utils.models import DropoutNet
 from exercise_utils.notebook_files import extract_writefiles
@@ -92,7 +93,7 @@ SHAPES = st.lists(st.integers(1, 60), min_size=0, max_size=4).map(tuple)
 def test_reference_compression_rank_meets_the_contract(shape, rank, rate):
     """0 below 2 dimensions; else 0 or r' = min(n, m, rank), r' exactly when compressing saves
     enough."""
-    got = ref.compression_rank(shape, rank, rate)
+    got = expected.compression_rank(shape, rank, rate)
     assert type(got) is int
     if len(shape) < 2:
         assert got == 0
@@ -106,7 +107,7 @@ def test_reference_compression_rank_meets_the_contract(shape, rank, rate):
 @given(shape=SHAPES, rank=st.integers(1, 70), rate=st.floats(0, 8), as_tuple=st.booleans())
 def test_solution_compression_rank_equals_the_reference(solution, shape, rank, rate, as_tuple):
     got = solution.compression_rank(shape if as_tuple else torch.Size(shape), rank, rate)
-    assert type(got) is int and got == ref.compression_rank(shape, rank, rate)
+    assert type(got) is int and got == expected.compression_rank(shape, rank, rate)
 
 
 def _record(result):
@@ -150,7 +151,7 @@ def test_the_sweeps_reach_every_edge_the_contract_names():
     assert {0, 1, 2, 3, 4} <= dims
     two_d = [(shape, rank, rate) for _, shape, rank, rate in cases if len(shape) == 2]
     assert any(rank > min(shape) and rate < 1 for shape, rank, rate in two_d)
-    ties = [(rate, ref.compression_rank(shape, rank, rate)) for shape, rank, rate in two_d
+    ties = [(rate, expected.compression_rank(shape, rank, rate)) for shape, rank, rate in two_d
             if (shape[0] + shape[1]) * min(rank, *shape) * rate == shape[0] * shape[1]]
     assert {1.0, 2.25} <= {rate for rate, _ in ties} and all(got == 0 for _, got in ties)
     rates = {rate for *_, rate in cases}

@@ -7,7 +7,9 @@ Modules:
   from ``checks_powersgd``), one launch of 3 ranks for all three;
 * ``checks_powersgd``: ``check_powersgd``, setting by setting, step by step;
 * ``probes``: what runs inside the ranks those checks start (the recorder and the probe);
-* ``reference``: the inputs (sweeps) and the float64 replay of PowerSGD the checks compare with;
+* ``expected``: the reference ``compression_rank`` and PowerSGD replayed in float64 (the
+  judge's; no rank imports it);
+* ``reference``: the inputs (sweeps) the probes hand the student's code;
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
 * ``experiments``: training accuracy against bytes sent (a torchrun script), tables, plots;

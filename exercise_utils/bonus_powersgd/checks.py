@@ -13,7 +13,7 @@ launch. Every failure is a
   parallel columns: a tensor of P's shape and dtype, orthonormal columns, column j from P's
   columns 0..j (P = result @ R, R upper-triangular); float64 held to float64 precision.
 * ``compression_rank`` on about 100 shapes (0-d to 4-D), ranks above min(n, m), rates 0 to 3
-  with ties, each as a ``torch.Size`` and as a tuple: equal to :func:`.reference.compression_rank`,
+  with ties, each as a ``torch.Size`` and as a tuple: equal to :func:`.expected.compression_rank`,
   an int.
 
 Used in 08_bonus_powersgd.
@@ -27,6 +27,7 @@ import numpy as np
 from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, run_ranks
 from . import probes
+from . import expected
 from . import reference as ref
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
@@ -208,11 +209,11 @@ def check_compression_rank(path, timeout=TIMEOUT):
     results = _local_stage(path, "compression_rank", timeout)
     cases = ref.rank_cases()
     for i, (case, shape, rank, rate) in enumerate(cases):
-        want, got = ref.compression_rank(shape, rank, rate), results[i]
+        want, got = expected.compression_rank(shape, rank, rate), results[i]
         if isinstance(got, dict) or got[1] != want:
             fail(case, _rank_message(shape, rank, rate, got, want, f"torch.Size({list(shape)})"))
     for i, (_, shape, rank, rate) in enumerate(cases):
-        want, got = ref.compression_rank(shape, rank, rate), results[len(cases) + i]
+        want, got = expected.compression_rank(shape, rank, rate), results[len(cases) + i]
         if isinstance(got, dict) or got[1] != want:
             fail("rank-tuple", _rank_message(shape, rank, rate, got, want, f"{shape!r}") +
                  ". shape may be a plain tuple as well as a torch.Size (the docstring's Args)")

@@ -14,7 +14,7 @@ parameters), on 1, 2 and 3 ranks, and checks after every step, in this order:
 * ``bytes_sent`` equal to the bytes recorded in this ``reduce()``, ``total_bytes`` their sum
   over the ``reduce()`` calls so far;
 * every rank holds the same gradients, equal to the paper's algorithm replayed for every rank in
-  float64 (:func:`.reference.simulate`; float64 gradients to float64 precision): error feedback
+  float64 (:func:`.expected.simulate`; float64 gradients to float64 precision): error feedback
   carried between steps, P orthogonalized, Q averaged, Q kept. When the result matches a known
   mistake instead, the message names it;
 * the state: ``params`` the list of trainable parameters; ``errors[i]`` this rank's M - approx
@@ -26,6 +26,7 @@ import numpy as np
 
 from ..harness import check
 from ..contract import fail
+from . import expected
 from . import reference as ref
 from .checks import TIMEOUT, _results
 
@@ -64,7 +65,7 @@ class Setting:
     def __init__(self, name, size, runs):
         self.name, self.size, self.runs = name, size, runs
         self.s = ref.SETTINGS[name]
-        self.want = ref.simulate(name, size)
+        self.want = expected.simulate(name, size)
         self.tol, self.esize = TOL[self.s.dtype], ESIZE[self.s.dtype]
         self.trainable = ref.trainable(self.s.model)
         self.label = (f"PowerSGD(params, rank={self.s.rank}, min_compression_rate={self.s.rate}"
@@ -107,7 +108,7 @@ class Setting:
                  f"without a gradient alone (no zeros: an optimizer would decay or move them)")
 
     def _calls(self, where, calls):
-        plain, comp = ref.expected_elements(self.name)
+        plain, comp = expected.expected_elements(self.name)
         want = plain + sum(comp)
         other = [c[0] for c in calls if c[0] != "all_reduce"]
         if other:
@@ -136,8 +137,8 @@ class Setting:
                  f"at most)")
 
     def _elements_hint(self, elements, plain, comp):
-        one_d = ref.expected_elements(self.name, one_d_compressed=True)
-        no_rule = ref.expected_elements(self.name, no_saving_rule=True)
+        one_d = expected.expected_elements(self.name, one_d_compressed=True)
+        no_rule = expected.expected_elements(self.name, no_saving_rule=True)
         if elements == one_d[0] + sum(one_d[1]):
             return ("you compressed 1-D tensors (biases): they must be sent uncompressed, "
                     "whatever min_compression_rate (compression_rank returns 0 for them)")
@@ -220,7 +221,7 @@ class Setting:
                      f"uncompressed tensor): divide the flat buffer by the world size after "
                      f"its all_reduce")
         for flaw, hint in FLAWS.items():
-            flawed = ref.simulate(self.name, self.size, flaw)
+            flawed = expected.simulate(self.name, self.size, flaw)
             if all(not self._differs(s["grads"], f["grads"])        # up to this step (later
                    for s, f in zip(steps[:step + 1], flawed)):     # ones may overflow)
                 fail(case, where + "PowerSGD: " + hint)

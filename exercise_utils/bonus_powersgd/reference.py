@@ -4,14 +4,14 @@ the contract says the code must give on them.
 * ``orthogonalize``: :data:`ORTHO_CASES` (float32 and float64, one column, a zero column,
   nearly parallel columns), each labelled with the check case it belongs to;
 * ``compression_rank``: :func:`rank_cases` (0 to 4 dimensions, ranks above min(n, m), rates at
-  and around the tie) and the reference :func:`compression_rank`;
+  and around the tie);
 * ``PowerSGD``: :data:`SETTINGS` (rank, rate, warm start, dtype, model), each over
   :func:`layout` (a synthetic CNN's parameters, or EdgeNet's: frozen, unused, tied, transposed,
-  0-d, and a channels_last conv weight), with the gradients of :func:`gradient`; :func:`simulate` replays every rank of PowerSGD
-  in one process in float64 (the paper's algorithm, the same random Qs as the student's
-  ``new_q``), optionally with one known mistake (``flaw``) so that the checker can name it.
+  0-d, and a channels_last conv weight), with the gradients of :func:`gradient`.
 
-Shared by :mod:`.probes` (inside the ranks) and the checks.
+Shared by :mod:`.probes` (inside the ranks) and the checks. What the code must give on these
+inputs (the reference ``compression_rank``, PowerSGD replayed) is the judge's alone:
+:mod:`.expected`, which no rank imports (the grading sandbox hides it).
 
 Used in 08_bonus_powersgd.
 """
@@ -19,7 +19,6 @@ import functools
 import random
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 STEPS = 4                    # reduce() calls per setting
@@ -61,15 +60,6 @@ def ortho_input(k):
 RATES = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 2.25, 3.0)   # exact in binary: no rounding at a tie
 RANK_ORDER = ("rank-matrix", "rank-tie", "rank-rate", "rank-large", "rank-conv", "rank-1d",
               "rank-scalar")
-
-
-def compression_rank(shape, rank, min_compression_rate=1.0):
-    """The reference of the student's ``compression_rank`` (0: uncompressed)."""
-    if len(shape) < 2:
-        return 0
-    n, m = int(shape[0]), int(np.prod(shape[1:]))
-    r = min(n, m, rank)
-    return r if (n + m) * r * min_compression_rate < n * m else 0
 
 
 def rank_case(shape, rank, rate):
@@ -191,76 +181,3 @@ def gradient(setting, k, step, rank):
     elif kind == "channels_last":
         g = g.contiguous(memory_format=torch.channels_last)
     return g * SCALE[setting.dtype]
-
-
-def expected_elements(name, one_d_compressed=False, no_saving_rule=False):
-    """Elements all-reduced per step: (uncompressed, [(n + m) * r' per compressed])."""
-    s, plain, comp = SETTINGS[name], 0, []
-    for _, _, shape, kind in trainable(s.model):
-        if kind == "none":
-            continue
-        r = compression_rank(shape, s.rank, s.rate)
-        n, m = (shape[0], int(np.prod(shape[1:]))) if shape else (1, 1)
-        if one_d_compressed and len(shape) == 1:
-            r = 1 if (n + 1) * s.rate < n else 0
-        if no_saving_rule and len(shape) >= 2:
-            r = min(n, m, s.rank)
-        if r:
-            comp.append((n + m) * r)
-        else:
-            plain += int(np.prod(shape))
-    return plain, comp
-
-
-def _orth(p, flaw):
-    if flaw == "no_orthogonalization":
-        return p
-    q, r = np.linalg.qr(p)
-    d = np.sign(np.diagonal(r))
-    return q * np.where(d == 0, 1.0, d)
-
-
-def simulate(name, size, flaw=None):
-    """PowerSGD on ``size`` ranks in one process (float64, numpy: tiny matrices).
-
-    Args:
-        name: a key of :data:`SETTINGS`.
-        size: world size.
-        flaw: None, or one mistake: "no_error_feedback", "no_orthogonalization",
-            "q_not_averaged", "no_warm_start" (a fresh Q every step), "always_warm"
-            (warm start although warm_start=False).
-    Returns:
-        list over steps of ``{"grads": {name: averaged gradient}, "errors": {i: [M - approx
-        per rank]}, "qs": {i: Q}, "scale": {i: max |M| over ranks}, "compressed": {i: (name,
-        n, m, r')}}`` (numpy arrays; i the index in ``self.params``).
-    """
-    s = SETTINGS[name]
-    gen = torch.Generator().manual_seed(SEED)
-    errors, qs, out = {}, {}, []
-    warm = False if flaw == "no_warm_start" else True if flaw == "always_warm" else s.warm
-    for step in range(STEPS):
-        res = {"grads": {}, "errors": {}, "qs": {}, "scale": {}, "compressed": {}}
-        for i, (k, pname, shape, kind) in enumerate(trainable(s.model)):
-            if kind == "none":
-                continue
-            grads = [gradient(s, k, step, w).double().numpy() for w in range(size)]
-            r = compression_rank(shape, s.rank, s.rate)
-            if not r:
-                res["grads"][pname] = sum(grads) / size
-                continue
-            ms = [g.reshape(shape[0], -1) + (errors[i][w] if i in errors and
-                                              flaw != "no_error_feedback" else 0)
-                  for w, g in enumerate(grads)]
-            if not warm or i not in qs:
-                qs[i] = torch.randn(ms[0].shape[1], r, generator=gen).double().numpy()
-            p = _orth(sum(m @ qs[i] for m in ms), flaw)
-            q = sum(m.T @ p for m in ms) / (1 if flaw == "q_not_averaged" else size)
-            approx = p @ q.T
-            errors[i], qs[i] = [m - approx for m in ms], q
-            res["grads"][pname] = approx.reshape(shape)
-            res["errors"][i] = errors[i]
-            res["qs"][i] = q
-            res["scale"][i] = max(float(np.abs(m).max()) for m in ms)
-            res["compressed"][i] = (pname, *ms[0].shape, r)
-        out.append(res)
-    return out

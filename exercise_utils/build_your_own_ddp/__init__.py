@@ -15,6 +15,7 @@ Modules:
 * ``probes_init``: the simulated jobs of ``init`` (torchrun's and MPICH's variables);
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
+* ``expected``: the buckets BucketDDP must build (the judge's; no rank imports it);
 * ``reference``: the models (float32 and float64 EdgeNets among them), batches and
   single-process replay probes and checks share;
 * ``bench``: the student's stages against torch DDP (a torchrun script), tables and plots;

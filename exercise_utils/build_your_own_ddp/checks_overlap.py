@@ -20,6 +20,7 @@ import numpy as np
 
 from ..contract import fail
 from ..harness import check
+from . import expected
 from . import reference as ref
 from .checks import collective_events, spec_words, verify_broadcast_at_start, verify_numbers
 from .launches import TIMEOUT, raise_if_todo, stage_results
@@ -220,7 +221,7 @@ RULES = [  # (case, what a mistaken rule packs, why it is wrong)
 
 def _packed(spec, cap, element_size=None, over=None, scale=1):
     extra = {"over": over} if over else {}
-    return ref.expected_buckets(spec, cap * scale, element_size, **extra)
+    return expected.expected_buckets(spec, cap * scale, element_size, **extra)
 
 
 def _check_packings(runs, rank):
