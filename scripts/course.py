@@ -243,8 +243,9 @@ submissions you trust (your own), add --unsafe (make autograde UNSAFE=1)."""
 def sandbox_policy(args, course):
     """The environment entries that make every grading kernel run its launches in a sandbox
     (exercise_utils.sandbox), hiding solutions/, tests/, .git, the course folder (gradebook,
-    sources, every submission; the kernel's own submission folder is bound back) and Jupyter's
-    runtime folder (kernel connection files); {} with --unsafe. Raises CourseError (the
+    sources, every submission; the kernel's own submission folder is bound back), Jupyter's
+    runtime folder (kernel connection files) and the judge's modules (checks, requirements,
+    expected values: sandbox.judge_files); {} with --unsafe. Raises CourseError (the
     refusal) where no sandbox can run and --unsafe was not given."""
     from exercise_utils import sandbox
     if args.unsafe:
@@ -254,12 +255,12 @@ def sandbox_policy(args, course):
     reason = sandbox.unavailable()
     if reason:
         raise CourseError(REFUSAL.format(reason=reason).removeprefix("error: "))
-    from jupyter_core.paths import jupyter_runtime_dir
-    hidden = [ROOT / "solutions", ROOT / "tests", ROOT / ".git", Path(args.solutions), course,
-              Path(jupyter_runtime_dir())]
-    print("autograde: every process that runs student code runs in a bubblewrap sandbox "
-          "(hidden: solutions, tests, .git, the course folder but the submission's own, "
-          "Jupyter's runtime files; no network but its own loopback)", flush=True)
+    hidden = sandbox.grading_hidden(course, args.solutions)
+    judge = len([p for p in hidden if p.suffix == ".py"])
+    print(f"autograde: every process that runs student code runs in a bubblewrap sandbox "
+          f"(hidden: solutions, tests, .git, the course folder but the submission's own, "
+          f"Jupyter's runtime files, the checkers' {judge} judge modules; no network but "
+          f"its own loopback)", flush=True)
     return sandbox.grading_policy(hidden)
 
 

@@ -38,8 +38,8 @@ RUN_CHECK = textwrap.dedent("""
 
 
 def policy_env(course):
-    hidden = [ROOT / "solutions", ROOT / "tests", ROOT / ".git", course]
-    return {**os.environ, **sandbox.grading_policy(hidden)}
+    """The environment make autograde gives nbgrader (scripts/course.py)."""
+    return {**os.environ, **sandbox.grading_policy(sandbox.grading_hidden(course))}
 
 
 def submission(tmp_path, stem, text):
@@ -79,9 +79,7 @@ def test_sandbox_cheat_passes_unsandboxed_and_fails_under_the_policy(bwrap, tmp_
     jailed = run_check(cheat, folder, policy_env(course))
     assert not jailed["passed"], "the sandbox let the cheat pass"
     assert "integrity" not in jailed["message"], jailed["message"]
-    assert any(word in jailed["message"] for word in ("FileNotFoundError", "gradebook",
-                                                       "KeyError", "NameError", "has no")), \
-        jailed["message"]
+    assert " raised " in jailed["message"], jailed["message"]     # the file's own error
     assert not list(Path("/tmp").glob("dtfs-grade-*/dtfs-check-*")), "check folders left behind"
 
 
@@ -103,6 +101,18 @@ PROBE = textwrap.dedent("""
         except OSError as exc:
             out[name] = type(exc).__name__
     out["caps"] = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
+    import importlib, importlib.util
+    def judge(m):
+        try:
+            return sorted(n for n in vars(importlib.import_module(m)) if not n.startswith("__"))
+        except ImportError as exc:
+            return type(exc).__name__
+    out["judge"] = {m: judge(m) for m in ("exercise_utils.bonus_zero_sharding.checks_memory",
+                              "exercise_utils.bonus_powersgd.expected",
+                              "exercise_utils.build_your_own_ddp.expected",
+                              "exercise_utils.mpi_parallel_sgd.checks")}
+    out["pyc"] = [len(open(p, "rb").read()) for p in %(pyc)r]
+    out["probes"] = "probe_sharding" in vars(importlib.import_module("exercise_utils.bonus_fsdp.shards"))
     print(json.dumps(out))
 """)
 
@@ -113,7 +123,8 @@ def test_a_launch_under_the_policy_sees_only_its_submission(bwrap, tmp_path):  #
     environment unreadable (as every process outside: its memory too)."""
     course, folder, _ = submission(tmp_path, "01_mpi_parallel_sgd", "")
     (course / "submitted" / "other" / "01_mpi_parallel_sgd").mkdir(parents=True)
-    code = PROBE % {"root": str(ROOT), "course": str(course), "judge": os.getpid()}
+    pyc = [str(p) for p in sandbox.judge_files() if p.suffix == ".pyc"]
+    code = PROBE % {"root": str(ROOT), "course": str(course), "judge": os.getpid(), "pyc": pyc}
     launcher = textwrap.dedent(f"""
         import json, sys, tempfile
         from exercise_utils import launch
@@ -133,6 +144,9 @@ def test_a_launch_under_the_policy_sees_only_its_submission(bwrap, tmp_path):  #
     assert got["repo"] != "wrote" and got["judge_environ"] == "PermissionError", got
     assert got["umount"] != 0 and int(got["caps"], 16) == 0, got
     assert got["private_tmp"].startswith("/tmp/dtfs-grade-"), got
+    assert got["judge"] == {m: "ModuleNotFoundError" for m in got["judge"]}, got["judge"]
+    assert got["pyc"] and not any(got["pyc"]), got["pyc"]              # and their bytecode
+    assert got["probes"], "a module a rank needs was hidden"
     assert not Path(got["private_tmp"]).exists(), "the kernel's private folder outlived it"
     assert (folder / "mine.txt").read_text() == "x"
 
