@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 POLICY = "DTFS_SANDBOX"          # the grader's policy (JSON): run launches in a sandbox
@@ -69,6 +70,16 @@ def require():
         raise SandboxUnavailable(reason)
 
 
+def _own_install():
+    """The course's checkout and this interpreter's environment where they lie under ``/tmp`` or
+    ``/dev/shm`` (a clone there, its ``.venv``), which the sandbox's own empty folders would
+    otherwise hide: ``bwrap: execvp .../python: No such file or directory``."""
+    places = {Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(),
+              Path(sys.base_prefix).resolve(), Path(sys.executable).resolve().parent}
+    private = (Path("/tmp"), Path("/dev/shm"))
+    return sorted(p for p in places if any(p != q and q in p.parents for q in private))
+
+
 def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None):
     """``cmd`` wrapped in ``bwrap`` (see the module docstring).
 
@@ -90,7 +101,7 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None):
     args = ["bwrap", "--die-with-parent", "--cap-drop", "ALL", "--setenv", INSIDE, "1",
             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
             "--tmpfs", "/dev/shm"]
-    for path in readable:
+    for path in [*_own_install(), *readable]:
         path = Path(path).resolve()
         args += ["--ro-bind", str(path), str(path)]
     for path in hidden:
