@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from test_pipeline import UNSAFE  # noqa: E402 - [] where the grading sandbox runs
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -89,7 +91,7 @@ def autograde(tmp_path, stem, submissions, timeout=1500, whole_notebook=True):
         (target / f"{stem}.ipynb").write_text(text)
     start = time.monotonic()
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "autograde",
-                           "--course", str(course), "--cell-timeout", "300",
+                           "--course", str(course), "--cell-timeout", "300", *UNSAFE,
                            *(["--whole-notebook"] if whole_notebook else [])],
                           capture_output=True, text=True, timeout=timeout)
     seconds = time.monotonic() - start

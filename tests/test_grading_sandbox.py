@@ -80,7 +80,6 @@ def test_sandbox_cheat_passes_unsandboxed_and_fails_under_the_policy(bwrap, tmp_
     assert not jailed["passed"], "the sandbox let the cheat pass"
     assert "integrity" not in jailed["message"], jailed["message"]
     assert " raised " in jailed["message"], jailed["message"]     # the file's own error
-    assert not list(Path("/tmp").glob("dtfs-grade-*/dtfs-check-*")), "check folders left behind"
 
 
 PROBE = textwrap.dedent("""

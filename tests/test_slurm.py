@@ -13,7 +13,7 @@ import pytest
 import local_slurm
 from exercise_utils import launch
 from exercise_utils.ddp_torchrun_fault_tolerance import hello, multinode
-from test_pipeline import COURSE, FIXTURE, STEM, by_id
+from test_pipeline import COURSE, FIXTURE, STEM, UNSAFE, by_id
 
 pytestmark = pytest.mark.serial
 CRASH = "# solution: double\nimport os\nos._exit(1)  # the kernel dies\n"
@@ -40,7 +40,7 @@ def test_a_class_is_graded_by_an_array_job_and_a_merge_job(tmp_path, slurm, fixt
     env = {**slurm.env, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
     proc = subprocess.run([sys.executable, str(COURSE), "autograde", "--course", str(tmp_path / "course"),
                            "--solutions", str(FIXTURE.parent), "--slurm", "--wait", "--per-task", "2",
-                           "--cell-timeout", "120"], env=env, capture_output=True, text=True,
+                           "--cell-timeout", "120", *UNSAFE], env=env, capture_output=True, text=True,
                           timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out                     # the crashed submission was not graded
