@@ -51,7 +51,7 @@ sandbox:
 	   ( apt-get install -y -q bubblewrap > /dev/null 2>&1 \
 	     || { apt-get update -q > /dev/null 2>&1 && apt-get install -y -q bubblewrap > /dev/null 2>&1; } ) \
 	   && echo "setup: installed bubblewrap" \
-	   || echo "setup: could not install bubblewrap; make autograde will need UNSAFE=1 (see README > Grading)"; \
+	   || echo "setup: could not install bubblewrap; make autograde will need UNSAFE=1 (README: What the checks defend against)"; \
 	 else echo "setup: no bubblewrap (only instructors grading need it: sudo apt-get install bubblewrap)"; fi
 
 lab: setup
