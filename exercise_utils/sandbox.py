@@ -224,8 +224,7 @@ def private_tmpdir():
         return tempfile.gettempdir()
     folder = tempfile.mkdtemp(prefix="dtfs-grade-", dir="/tmp")
     os.environ["TMPDIR"] = os.environ["DTFS_SANDBOX_TMP"] = tempfile.tempdir = folder
-    import shutil as _shutil
-    atexit.register(_shutil.rmtree, folder, True)
+    atexit.register(shutil.rmtree, folder, True)
     return folder
 
 

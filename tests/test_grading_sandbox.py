@@ -16,9 +16,11 @@ import textwrap
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 
 from exercise_utils import sandbox
+from exercise_utils.processes import kill_processes
 from grading import autograde, check_outputs
 from test_cheats import checker_for
 from test_sandbox import bwrap  # noqa: F401 - the fixture: installs bubblewrap or skips
@@ -220,38 +222,17 @@ def test_hardened_ranks_are_unreadable_from_another_sandbox(bwrap):  # noqa: F81
                                   stdout=subprocess.PIPE, text=True)
         try:
             assert victim.stdout.readline().strip() == "up"
-            pid = next(p for p in _descendants(victim.pid) if _is_python(p))
+            pid = next(p.pid for p in psutil.Process(victim.pid).children(recursive=True)
+                       if "python" in p.name())
             spy = subprocess.run(sandbox.command(
                 [sys.executable, "-c", f"open('/proc/{pid}/environ', 'rb').read(10)"], cwd="/"),
                 capture_output=True, text=True, timeout=120)
             seen[hardened] = spy.returncode == 0 or spy.stderr.strip().splitlines()[-1]
         finally:
+            inside = psutil.Process(victim.pid).children(recursive=True)
             victim.kill()
             victim.wait()
-            for p in _descendants(victim.pid):
-                _kill(p)
+            kill_processes(inside)
     assert seen[False] is True, seen
     assert "PermissionError" in seen[True], seen
 
-
-def _descendants(pid):
-    import psutil
-    try:
-        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _is_python(pid):
-    import psutil
-    try:
-        return "python" in psutil.Process(pid).name()
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _kill(pid):
-    try:
-        os.kill(pid, 9)
-    except ProcessLookupError:
-        pass
