@@ -52,6 +52,7 @@ SUBNET = "10.42.0"            # host i has SUBNET.(i + 1)/24; namespaces keep ru
 NETNS_ETC = Path("/etc/netns")
 UTS_DIR = Path("/run/dtfs-uts")  # one file per host: its UTS namespace (hostname)
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+MESH_MAX = 8                  # hosts of a mesh: n * (n - 1) / 2 cables
 _LIVE = set()                 # clusters up in this process, torn down at exit
 
 
@@ -130,17 +131,22 @@ class Cluster:
         hosts: number of hosts (2 to 200).
         rate: each host's link rate in both directions (``"100mbit"``, ``"1gbit"``, ...;
             None: unshaped). Change it later with :meth:`shape`.
+        mesh: instead of a switch, a cable of its own between every two hosts (2 to 8
+            hosts): host i reaches host j only through its interface ``p<j>``, so the
+            kernel's counters of that interface are the bytes of the directed link i -> j
+            (:meth:`link_bytes`).
     Raises:
         ClusterUnavailable: not root, not Linux or no iproute2 (the message says what to do).
     """
 
-    def __init__(self, hosts=2, rate=None):
-        if not 2 <= int(hosts) <= 200:
-            raise ValueError(f"a cluster needs 2 to 200 hosts, got {hosts}")
+    def __init__(self, hosts=2, rate=None, mesh=False):
+        if not 2 <= int(hosts) <= (MESH_MAX if mesh else 200):
+            raise ValueError(f"a {'mesh ' * mesh}cluster needs 2 to "
+                             f"{MESH_MAX if mesh else 200} hosts, got {hosts}")
         rate_bits(rate)
-        self.rate = rate
+        self.rate, self.mesh = rate, bool(mesh)
         run_id = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.switch = f"{run_id}-sw"
+        self.switch = None if mesh else f"{run_id}-sw"
         self.hosts = [Host(i, f"{run_id}-h{i}", f"{SUBNET}.{i + 1}") for i in range(int(hosts))]
         self._up = False
 
@@ -158,11 +164,16 @@ class Cluster:
         _LIVE.add(self)
         self._up = True
         try:
-            _ip("netns", "add", self.switch)
-            _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-            _ip("-n", self.switch, "link", "set", "br0", "up")
+            if not self.mesh:
+                _ip("netns", "add", self.switch)
+                _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+                _ip("-n", self.switch, "link", "set", "br0", "up")
             for host in self.hosts:
                 self._add(host)
+            if self.mesh:
+                for a in self.hosts:
+                    for b in self.hosts[a.index + 1:]:
+                        self._cable(a, b)
             self.shape(self.rate)
         except BaseException:
             self.down()
@@ -171,13 +182,14 @@ class Cluster:
 
     def _add(self, host):
         _ip("netns", "add", host.netns)
-        port = f"p{host.index}"
-        _ip("link", "add", "eth0", "netns", host.netns, "type", "veth",
-            "peer", "name", port, "netns", self.switch)
-        _ip("-n", self.switch, "link", "set", port, "master", "br0")
-        _ip("-n", self.switch, "link", "set", port, "up")
-        _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
-        _ip("-n", host.netns, "link", "set", "eth0", "up")
+        if not self.mesh:
+            port = f"p{host.index}"
+            _ip("link", "add", "eth0", "netns", host.netns, "type", "veth",
+                "peer", "name", port, "netns", self.switch)
+            _ip("-n", self.switch, "link", "set", port, "master", "br0")
+            _ip("-n", self.switch, "link", "set", port, "up")
+            _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
+            _ip("-n", host.netns, "link", "set", "eth0", "up")
         _ip("-n", host.netns, "link", "set", "lo", "up")
         etc = NETNS_ETC / host.netns
         etc.mkdir(parents=True, exist_ok=True)
@@ -201,25 +213,63 @@ class Cluster:
         self._up = False
         _LIVE.discard(self)
         problems = [p for ns in [h.netns for h in self.hosts] + [self.switch]
-                    for p in [_remove(ns)] if p]
+                    if ns for p in [_remove(ns)] if p]
         if problems:
             raise RuntimeError("cluster teardown left: " + "; ".join(problems))
 
+    def _cable(self, a, b):
+        """A mesh's cable between hosts ``a`` and ``b``: ``a``'s ``p<b>`` to ``b``'s ``p<a>``;
+        each host keeps its one address on all its interfaces, with a route per peer."""
+        _ip("link", "add", f"p{b.index}", "netns", a.netns, "type", "veth",
+            "peer", "name", f"p{a.index}", "netns", b.netns)
+        for me, peer in ((a, b), (b, a)):
+            dev = f"p{peer.index}"
+            _ip("-n", me.netns, "addr", "add", f"{me.address}/32", "dev", dev)
+            _ip("-n", me.netns, "link", "set", dev, "up")
+            _ip("-n", me.netns, "route", "add", f"{peer.address}/32", "dev", dev,
+                "src", me.address)
+
     # ------------------------------------------------------------------ links
+    def _devices(self):
+        """``(netns, interface)`` of every sending end: both ends of every cable."""
+        if self.mesh:
+            return [(h.netns, f"p{p.index}") for h in self.hosts for p in self.hosts if p is not h]
+        return [(ns, dev) for h in self.hosts
+                for ns, dev in ((h.netns, "eth0"), (self.switch, f"p{h.index}"))]
+
+    def link_bytes(self):
+        """Bytes sent so far on every directed link of a mesh: ``{(i, j): bytes}`` for host i
+        to host j, as the kernel counts them on i's interface ``p<j>`` (every byte on the
+        wire: TCP/IP headers, the connections' set-up and acknowledgements included).
+
+        Raises:
+            ValueError: the cluster is not a mesh (a switch's links are shared by all peers).
+        """
+        if not self.mesh:
+            raise ValueError("link_bytes needs Cluster(..., mesh=True): on a switch a host's "
+                             "one link carries its traffic to every peer")
+        out = {}
+        for host in self.hosts:
+            links = json.loads(_ip("-n", host.netns, "-s", "-j", "link", "show").stdout)
+            sent = {link["ifname"]: link["stats64"]["tx"]["bytes"] for link in links}
+            for peer in self.hosts:
+                if peer is not host:
+                    out[host.index, peer.index] = int(sent[f"p{peer.index}"])
+        return out
+
     def shape(self, rate):
         """Shape every host's link to ``rate`` in both directions (None: unshaped)."""
         bits = rate_bits(rate)
         self.rate = rate
-        for host in self.hosts:
-            for netns, dev in ((host.netns, "eth0"), (self.switch, f"p{host.index}")):
-                if bits is None:
-                    subprocess.run(["tc", "-n", netns, "qdisc", "del", "dev", dev, "root"],
-                                   capture_output=True)
-                    continue
-                # the bucket must hold at least one timer tick of traffic (and 64 kB)
-                burst = max(64_000, int(bits / 8 / 250))
-                _run(["tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf",
-                      "rate", f"{bits:.0f}bit", "burst", str(burst), "latency", "100ms"])
+        for netns, dev in self._devices():
+            if bits is None:
+                subprocess.run(["tc", "-n", netns, "qdisc", "del", "dev", dev, "root"],
+                               capture_output=True)
+                continue
+            # the bucket must hold at least one timer tick of traffic (and 64 kB)
+            burst = max(64_000, int(bits / 8 / 250))
+            _run(["tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf",
+                  "rate", f"{bits:.0f}bit", "burst", str(burst), "latency", "100ms"])
 
     # ------------------------------------------------------------------ running commands
     def run(self, host, cmd, **kwargs):
@@ -254,6 +304,17 @@ class Cluster:
         from .launch import FRESH_STORE_ENV
         kwargs["env"] = {**FRESH_STORE_ENV, **(kwargs.get("env") or {})}
         return self.run_many([(host, cmd) for host in self.hosts], **kwargs)
+
+    def ranks_command(self, cmd):
+        """One command that runs ``cmd`` once on every host as the ranks of one job (RANK is
+        the host's index, WORLD_SIZE the number of hosts, MASTER_ADDR host 0's address), each
+        in a sandbox that keeps its host's network at grading (:func:`exercise_utils.sandbox.wrap`),
+        and stops them all as soon as one fails. The command itself must run outside a sandbox
+        (``launch.run(..., sandboxed=True)``): it enters the hosts' namespaces."""
+        hosts = [[h.netns, str(h.uts)] for h in self.hosts]
+        return [sys.executable, "-m", "exercise_utils.cluster", "ranks",
+                json.dumps({"hosts": hosts, "cmd": [str(c) for c in cmd],
+                            "master": self.hosts[0].address})]
 
     def env(self):
         """Environment for commands on the hosts: MASTER_ADDR is host 0's address."""
@@ -387,8 +448,37 @@ def _send(address, port, mbytes):
     print(json.dumps({"bytes": total, "seconds": seconds, "mbit_per_s": total * 8 / seconds / 1e6}))
 
 
+def _ranks(spec):
+    """Run :meth:`Cluster.ranks_command`'s job; exit with the first failing rank's code."""
+    from .processes import kill_processes
+    from .sandbox import wrap
+    spec = json.loads(spec)
+    procs = []
+    for rank, (netns, uts) in enumerate(spec["hosts"]):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(spec["hosts"])),
+               "MASTER_ADDR": spec["master"]}
+        procs.append(subprocess.Popen(["ip", "netns", "exec", netns, "nsenter", f"--uts={uts}",
+                                       *wrap(spec["cmd"], network=True)], env=env))
+    code = 0
+    while code == 0 and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
+        code = next((p.returncode for p in procs if p.returncode), 0)
+    code = code or next((p.returncode for p in procs if p.returncode), 0)
+    if code:
+        alive = []
+        for proc in procs:
+            try:
+                proc = psutil.Process(proc.pid)
+                alive += [proc, *proc.children(recursive=True)]
+            except psutil.Error:
+                pass
+        kill_processes(alive)
+    sys.exit(abs(code))
+
+
 if __name__ == "__main__":
-    usage = ("python -m exercise_utils.cluster cleanup | serve PORT | send ADDRESS PORT MBYTES")
+    usage = ("python -m exercise_utils.cluster cleanup | serve PORT | send ADDRESS PORT MBYTES "
+             "| ranks SPEC")
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     if what == "cleanup":
         print("removed:", remove_stale() or "nothing")
@@ -396,5 +486,7 @@ if __name__ == "__main__":
         _serve(sys.argv[2])
     elif what == "send" and len(sys.argv) == 5:
         _send(*sys.argv[2:])
+    elif what == "ranks" and len(sys.argv) == 3:
+        _ranks(sys.argv[2])
     else:
         sys.exit(usage)

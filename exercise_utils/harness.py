@@ -41,7 +41,7 @@ LIMIT = 600        # seconds a check's launch may run while making progress (an 
 
 
 def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HANG_AFTER,
-              what=None, limit=LIMIT, warm_up=False, case=None):
+              what=None, limit=LIMIT, warm_up=False, case=None, links=None):
     """Run ``probe(student_module, ctx, **kwargs)`` on every rank; return per-rank results.
 
     Args:
@@ -67,6 +67,11 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
         case: the check case this launch runs (:mod:`.contract`): a crash, hang or endless
             loop of the student's code is charged to it, unless the probe named the case it
             was running (``ctx.case(name)``).
+        links: a dict to receive the bytes every rank sent to every other, as the kernel
+            counted them on the wire (``{(i, j): bytes}``), where :func:`observing`: then the
+            gloo ranks run as the hosts of a mesh (:class:`.cluster.Cluster`), each in its own
+            network namespace, and the judge reads the interfaces' counters from outside
+            (nothing a rank does can change them). Left empty elsewhere.
     Returns:
         list: the probe's return value on rank 0, 1, ...
     Raises:
@@ -90,7 +95,10 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
         watch = heartbeat.Watch(tmp, world_size, timeout, spinning=backend == "mpi",
                                 reported=lambda: _written(tmp, world_size))
         try:
-            _launch(worker_args, world_size, backend, limit, what, watch)
+            if links is not None and backend == "gloo" and world_size > 1 and observing():
+                links.update(_launch_on_mesh(worker_args, world_size, limit, what, watch))
+            else:
+                _launch(worker_args, world_size, backend, limit, what, watch)
         except launch.LaunchHang as err:
             reports = _reports(tmp, world_size, keys)
             _raise_student_errors(reports, path, case)
@@ -142,6 +150,40 @@ def _launch(worker_args, world_size, backend, limit, what, watch):
     else:
         launch.run([sys.executable, "-m", "exercise_utils.rankworker", "--spawn",
                     str(world_size), *worker_args], nprocs=world_size, **quiet)
+
+
+OBSERVE = "DTFS_OBSERVE"    # "1": observe links outside grading too (tests); "0": never
+
+
+def observing():
+    """Whether gloo checks that ask for it (``links=``) run their ranks on a mesh and count
+    the bytes on its links: at grading (a sandbox policy, :mod:`.sandbox`) or with
+    ``DTFS_OBSERVE=1``, where network namespaces can be made (root, Linux; see
+    :func:`.cluster.unavailable_reason`). Elsewhere (a laptop, Colab without root) the
+    in-process recorders alone judge the structure."""
+    wanted = os.environ.get(OBSERVE)
+    if wanted == "0" or (wanted != "1" and sandbox.policy() is None):
+        return False
+    return _namespaces_work()
+
+
+@functools.lru_cache(maxsize=None)
+def _namespaces_work():
+    from . import cluster
+    return cluster.unavailable_reason() is None
+
+
+def _launch_on_mesh(worker_args, world_size, limit, what, watch):
+    """One launch whose ranks run on the hosts of a fresh mesh; the bytes sent on each link."""
+    from . import cluster
+    with cluster.Cluster(world_size, mesh=True) as net:
+        before = net.link_bytes()
+        cmd = net.ranks_command([sys.executable, "-m", "exercise_utils.rankworker",
+                                 *worker_args])
+        launch.run(cmd, nprocs=world_size, timeout=limit, echo=False, what=what, watch=watch,
+                   sandboxed=True, env={"MASTER_PORT": "29500"})
+        after = net.link_bytes()
+    return {link: after[link] - before[link] for link in after}
 
 
 _SESSION = []       # the check that runs now (see session): [{"tmp", "sock", "proc", "tag"}]

@@ -173,7 +173,7 @@ def _pump(proc, sel, lines, echo, partial, wait):
 
 
 def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_process=None,
-        nprocs=1, watch=None):
+        nprocs=1, watch=None, sandboxed=False):
     """Run ``cmd`` with live output and a hard timeout; kill every process it started.
 
     Args:
@@ -191,6 +191,9 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
             :class:`exercise_utils.heartbeat.Watch`): ``"done"`` stops the command as finished
             (its results are in; slow exits are not waited for), ``("hang", report)`` stops it
             as hung. With a watch, ``timeout`` is only a backstop for code that keeps running.
+        sandboxed: ``cmd`` puts what it starts in sandboxes itself (a judge's launcher that
+            must stay outside one: the checks' ranks on the hosts of a mesh); otherwise, at
+            grading, ``cmd`` runs in one (:func:`exercise_utils.sandbox.wrap`).
     Returns:
         RunResult on exit code 0 (or when ``watch`` said "done": ``returncode`` 0).
     Raises:
@@ -210,7 +213,7 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
             full_env[var] = str(threads)
     lines, partial = [], [""]
     start = time.monotonic()
-    proc = subprocess.Popen(sandbox.wrap(cmd, cwd), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd if sandboxed else sandbox.wrap(cmd, cwd), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, cwd=cwd, env=full_env,
                             start_new_session=True, preexec_fn=die_with_parent)
     seen = {proc.pid: psutil.Process(proc.pid)}

@@ -91,6 +91,12 @@ def _student_frames(exc, student):
     return where, text
 
 
+def probe_idle(student, ctx):
+    """A probe that does nothing: the run the bytes on a mesh's links are calibrated on (a
+    group set up and taken down; ``tests/test_wire.py``)."""
+    return ctx.rank
+
+
 def _report(out, rank, payload, secret):
     """Write ``payload`` as plain data, signed; a value that is not plain data (an object the
     probe passed on from the student's code) becomes an error report that says so."""

@@ -228,17 +228,18 @@ def private_tmpdir():
     return folder
 
 
-def wrap(cmd, cwd=None):
+def wrap(cmd, cwd=None, network=False):
     """``cmd`` as it must run here: in a sandbox under the grader's policy (hidden: the
     policy's paths; writable: the current folder and the private temporary folder), else
-    unchanged. Raises :class:`SandboxUnavailable` if a policy is set and no sandbox can run."""
+    unchanged. Raises :class:`SandboxUnavailable` if a policy is set and no sandbox can run.
+    ``network``: keep the network ``cmd`` starts in (a host of the course's cluster)."""
     rules = policy()
     if rules is None:
         return [str(c) for c in cmd]
     require()
     here = os.getcwd()
     return command(cmd, writable=[here, private_tmpdir()], hidden=rules["hidden"],
-                   cwd=cwd or here)
+                   cwd=cwd or here, network=network)
 
 
 def harden():

@@ -73,6 +73,25 @@ def test_hosts_have_their_own_address_and_name_and_leave_nothing_behind():
 
 
 @needs_hosts
+def test_a_mesh_counts_the_bytes_of_each_directed_link_and_leaves_nothing_behind():
+    before_links, before = links(), leftovers()
+    with cluster.Cluster(3, mesh=True) as net:
+        assert net.switch is None and set(cluster.namespaces()) >= {h.netns for h in net.hosts}
+        start = net.link_bytes()
+        assert sorted(start) == [(0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1)]
+        assert net.measure(net.hosts[0], net.hosts[2], mbytes=5) > 0
+        sent = {k: v - start[k] for k, v in net.link_bytes().items()}
+        assert 5e6 <= sent[0, 2] <= 5.3e6, sent             # the data and its headers
+        assert sent[2, 0] < 0.05 * sent[0, 2], sent          # acknowledgements only
+        assert max(sent[0, 1], sent[1, 0], sent[1, 2], sent[2, 1]) < 10_000, sent
+    with pytest.raises(ValueError, match="mesh=True"):
+        cluster.Cluster(2).link_bytes()
+    with pytest.raises(ValueError, match="2 to 8"):
+        cluster.Cluster(9, mesh=True)
+    assert leftovers() == before and links() == before_links
+
+
+@needs_hosts
 def test_a_failure_inside_still_tears_everything_down():
     before = leftovers()
     with pytest.raises(RuntimeError, match="inside"):

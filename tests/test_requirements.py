@@ -11,7 +11,8 @@ each, each naming the clause it breaks and the case that must reject it (``tests
   collapsed), with at least one case; clause ids unique within the exercise;
 * every flaw names an exercise, a clause of it and a case of that clause, and its patch applies;
 * every clause is broken by at least one flaw, and every case of the table rejects at least
-  one flaw (a case that can reject nothing checks nothing); every exercise has two flaws;
+  one flaw (a case that can reject nothing checks nothing), or, for what only the network's
+  counters can see, a cheat of ``tests/cheats/wire/``; every exercise has two flaws;
 * every case the package's modules name (``fail("case", ...)``, ``case="..."``,
   ``ctx.case("...")``) is in the notebook's table, so no verification runs outside the contract,
   and every case of the table is named in those modules.
@@ -86,6 +87,14 @@ def test_contract_quotes_the_notebook_and_gives_every_clause_a_case(number):
             assert isinstance(clause.cases, tuple), f"{exercise}.{clause.id}: cases is a tuple"
 
 
+def wire_cases(number):
+    """The cases proven by the cheats of ``tests/cheats/wire/`` instead of a flaw: what only the
+    network's counters can see (each cheat's docstring: "Must fail ``case``";
+    ``tests/test_wire.py`` proves that the case rejects it)."""
+    return {m[1] for p in (ROOT / "tests" / "cheats" / "wire").glob(f"{number}_*.py")
+            for m in [re.search(r"Must fail ``([\w-]+)``", p.read_text())] if m}
+
+
 @pytest.mark.parametrize("number", flaws.numbers())
 def test_every_clause_and_case_rejects_a_flaw(number):
     table, found = contract(number), flaws.load(number)
@@ -108,7 +117,7 @@ def test_every_clause_and_case_rejects_a_flaw(number):
             assert any(f.clause == clause.id for f in mine), (
                 f"{exercise}.{clause.id}: no flaw breaks it (tests/wrong/{number}_flaws.py)")
             for case in clause.cases:
-                assert any(f.case == case for f in mine), (
+                assert any(f.case == case for f in mine) or case in wire_cases(number), (
                     f"{exercise}.{clause.id}: case {case!r} rejects no flaw: give it a wrong "
                     f"file it must catch, or drop it")
 

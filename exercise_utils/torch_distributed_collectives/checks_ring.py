@@ -19,6 +19,12 @@ contract (:mod:`.requirements`): on the baseline each aspect has its own case (`
 input, whatever fails is charged to that input's case (``ring-uneven``, ``ring-float64``, ...);
 a hang is ``ring-deadlock``.
 
+At grading (:func:`exercise_utils.harness.observing`) the launches with 3 and 4 ranks run on a
+mesh of network namespaces and the judge reads the bytes of every directed link from the
+kernel: with one large input more (:data:`WIRE_CASE`) each link must carry what a ring puts
+there (:func:`wire_envelope`), else ``ring-wire`` fails, whatever the ranks did to the
+recorders in their own memory.
+
 Used in 03_torch_distributed_collectives.
 """
 import math
@@ -26,7 +32,7 @@ import math
 import numpy as np
 
 from ..contract import CheckFailure, fail
-from ..harness import HANG_AFTER, check, run_ranks
+from ..harness import HANG_AFTER, check, observing, run_ranks
 from ..integrity import VIOLATION
 from . import probes_ring
 from .probes_ring import (GROUP_CASE0, GROUP_CASES, GROUPS, P2P, SENDS, group_of, ring_cases,
@@ -43,6 +49,13 @@ RING_HINT = ("a ring all-reduce is a reduce-scatter (world_size - 1 steps, each 
              "received chunk) then an all-gather (world_size - 1 steps, each passing on one "
              "complete chunk), on the chunks torch.tensor_split(tensor.view(-1), world_size)")
 BASELINE = "ring-sum"
+# Where links are observed (grading; :func:`exercise_utils.harness.observing`): one large input
+# more, so that what the ring puts on the wire stands far above what setting up the group costs.
+WIRE_CASE = ("ring-wire", (1 << 20,), "float32")
+WIRE_SLACK = 64_000     # bytes per link beyond the data: the group's set-up and barriers (an
+#                         empty run measured 1-4 kB per link; tests/test_wire.py holds it)
+MESSAGE_SLACK = 1_000   # bytes per message: TCP/IP and gloo headers, acknowledgements
+WIRE_OVERHEAD = 0.05    # headers in proportion to the data (measured 0.2-1.4%)
 # What each input case holds the ring to (the docstring's words), for the messages.
 PROMISES = {
     "ring-sum": "Returns: ``tensor`` itself, holding the element-wise sum of every rank's input",
@@ -74,12 +87,14 @@ def check_ring_allreduce(path, timeout=TIMEOUT):
         CheckFailure: with what to change, naming the rank, the case and the numbers.
     """
     for size in WORLD_SIZES:
-        cases = ring_cases(size)
+        cases = ring_cases(size) + ([WIRE_CASE] if observing() and size > 2 else [])
         group_cases = GROUP_CASES if size in GROUPS else []
+        links = {}
         try:
             res = run_ranks(path, probes_ring.probe_ring, size, "gloo",
                             {"cases": cases, "group_cases": group_cases}, timeout,
-                            what=f"ring_all_reduce with {size} ranks", case=BASELINE)
+                            what=f"ring_all_reduce with {size} ranks", case=BASELINE,
+                            links=links if size > 2 else None)
         except CheckFailure as err:
             if not any(text in str(err) for text in ("hung", "Timed out", "timeout")):
                 raise
@@ -93,6 +108,56 @@ def check_ring_allreduce(path, timeout=TIMEOUT):
                 ring = group_of(rank, size)
                 expected = ring_sum(shape, dtype, ring, GROUP_CASE0 + j)
                 _check_case(case, got[len(cases) + j], expected, rank, ring, shape, dtype, size)
+        if links and size > 2:
+            _check_wire(links, size, [(shape, dtype, list(range(size))) for _, shape, dtype
+                                      in cases] +
+                        [(shape, dtype, group) for _, shape, dtype in group_cases
+                         for group in GROUPS[size] if len(group) > 1])
+
+
+def wire_envelope(size, runs):
+    """What a ring may put on each directed link over ``runs`` (``(shape, dtype, ranks)``,
+    each a ring_all_reduce over ``ranks``): ``{(i, j): (least, most)}`` bytes. Rank i sends
+    2 * (n - 1) chunks of tensor_split(numel, n) to its right neighbour: at least the data of
+    the smallest chunks, at most that of the largest plus headers; every other link carries
+    only headers, acknowledgements and the group's set-up."""
+    least = {(i, j): 0 for i in range(size) for j in range(size) if i != j}
+    most = {link: WIRE_SLACK for link in least}
+    for shape, dtype, ranks in runs:
+        n, numel = len(ranks), math.prod(shape)
+        item = np.dtype(dtype).itemsize
+        for pos, rank in enumerate(ranks):
+            right, left = ranks[(pos + 1) % n], ranks[pos - 1]
+            data_lo = 2 * (n - 1) * (numel // n) * item
+            data_hi = 2 * (n - 1) * -(-numel // n) * item
+            least[rank, right] += data_lo
+            most[rank, right] += data_hi * (1 + WIRE_OVERHEAD) + 2 * (n - 1) * MESSAGE_SLACK
+            # acknowledgements of what the left neighbour sends
+            most[rank, left] += data_hi * WIRE_OVERHEAD + 2 * (n - 1) * MESSAGE_SLACK
+    return {link: (least[link], int(most[link])) for link in least}
+
+
+def _check_wire(links, size, runs):
+    """The bytes the kernel counted on each link (the judge reads them outside the ranks:
+    nothing in the ranks can change them) against :func:`wire_envelope`."""
+    envelope = wire_envelope(size, runs)
+    total = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype, _ in runs)
+    for (i, j), (least, most) in sorted(envelope.items()):
+        sent = links[i, j]
+        if least <= sent <= most:
+            continue
+        neighbour = j == (i + 1) % size
+        role = ("its right neighbour" if neighbour else
+                "its left neighbour" if j == (i - 1) % size else "not a neighbour")
+        fail("ring-wire",
+             f"with {size} ranks, the network counted {sent:,} bytes sent by rank {i} to rank "
+             f"{j} ({role}) over the check's {len(runs)} ring_all_reduce calls on "
+             f"{total:,} bytes of tensors per rank; a ring puts {least:,} to {most:,} bytes "
+             f"there (each rank sends 2 * (world_size - 1) chunks of numel / world_size "
+             f"elements to its right neighbour, nothing else to anyone). The calls your code "
+             f"made through torch.distributed did not show this traffic: the bytes come from "
+             f"the kernel's counters of each link, read outside the ranks. "
+             f"{RING_HINT[0].upper()}{RING_HINT[1:]}.")
 
 
 def _check_case(case, got, expected, rank, ring, shape, dtype, world=None):

@@ -30,12 +30,12 @@ CONTRACT = {
                cases=("ring-integer",)),
         Clause("p2p-only", "Only ``dist.send``/``dist.recv``/``dist.isend``/``dist.irecv`` may "
                "communicate (no collective such as ``dist.all_reduce``)",
-               cases=("ring-p2p-only",)),
+               cases=("ring-p2p-only", "ring-wire")),
         Clause("messages", "Each rank sends ``2 * (world_size - 1)`` messages of about ``numel / "
-               "world_size`` elements", cases=("ring-messages",)),
+               "world_size`` elements", cases=("ring-messages", "ring-wire")),
         Clause("neighbours", "Every rank sends only to its right neighbour ``(rank + 1) % "
                "world_size`` and receives only from its left neighbour ``(rank - 1) % "
-               "world_size``, one chunk per message", cases=("ring-neighbours",)),
+               "world_size``, one chunk per message", cases=("ring-neighbours", "ring-wire")),
         Clause("deadlock", "With gloo, a send starts only once the peer has posted the matching "
                "receive (the receiver tells the sender over the connection they share): if "
                "every rank first sends with the blocking ``dist.send`` and then receives, all of "

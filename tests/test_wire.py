@@ -1,0 +1,96 @@
+"""The judge reads the bytes on the wire (issue 25, part 4): where network namespaces can be
+made (root; at grading, and here with ``DTFS_OBSERVE=1``), the ranks of a gloo check that asks
+for it run as the hosts of a mesh (:class:`exercise_utils.cluster.Cluster` with ``mesh=True``)
+and the judge reads each directed link's byte counter from outside the ranks.
+
+* an empty run (a group set up and taken down) stays far inside the slack the envelopes allow;
+* every right file of notebook 03's ring passes on the wire;
+* every cheat of ``tests/cheats/wire/`` passes its check where links are not observed (so the
+  trick is real and the test can fail) and fails the case its docstring names when they are;
+* under ``make autograde``'s sandbox policy the same holds (ranks in bubblewrap, each in its
+  host's network namespace).
+"""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exercise_utils import cluster, harness
+from exercise_utils.torch_distributed_collectives import checks_ring
+from test_cheats import checker_for
+from test_grading_sandbox import RUN_CHECK, policy_env, run_check, submission
+from test_sandbox import bwrap  # noqa: F401 - the fixture: installs bubblewrap or skips
+
+ROOT = Path(__file__).resolve().parents[1]
+WIRE = ROOT / "tests" / "cheats" / "wire"
+REASON = cluster.unavailable_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")
+
+
+def observed(monkeypatch, on):
+    monkeypatch.setenv(harness.OBSERVE, "1" if on else "0")
+
+
+@pytest.mark.parametrize("size", [3, 4])
+def test_an_empty_run_stays_far_inside_the_slack(monkeypatch, tmp_path, size):
+    observed(monkeypatch, True)
+    blank = tmp_path / "blank.py"
+    blank.write_text("")
+    links = {}
+    ranks = harness.run_ranks(blank, "exercise_utils.rankworker:probe_idle", size, "gloo",
+                              links=links, what="an empty run")
+    assert ranks == list(range(size))
+    assert sorted(links) == [(i, j) for i in range(size) for j in range(size) if i != j]
+    assert max(links.values()) <= checks_ring.WIRE_SLACK / 4, links
+
+
+def test_the_envelope_of_a_ring():
+    env = checks_ring.wire_envelope(3, [((10,), "float32", [0, 1, 2])])
+    # chunks of 4, 3, 3 elements: 4 messages of 3 to 4 elements to the right neighbour
+    assert env[0, 1][0] == 4 * 3 * 4 and env[0, 1][1] >= 4 * 4 * 4
+    assert env[0, 2][0] == 0 and env[0, 2][1] < env[0, 1][1]
+    grouped = checks_ring.wire_envelope(4, [((8,), "int64", [0, 2, 3])])
+    assert grouped[0, 2][0] == 4 * 2 * 8 and grouped[2, 3][0] == grouped[3, 0][0] == 4 * 2 * 8
+    assert grouped[0, 1][0] == grouped[1, 2][0] == 0
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "tests" / "right").glob(
+    "03_ring_allreduce_*.py")))
+def test_right_rings_pass_on_the_wire(monkeypatch, name):
+    observed(monkeypatch, True)
+    checks_ring.check_ring_allreduce(ROOT / "tests" / "right" / name)
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in WIRE.glob("*.py")))
+def test_wire_cheat_passes_unobserved_and_fails_on_the_wire(monkeypatch, stem):
+    cheat = WIRE / f"{stem}.py"
+    case = re.search(r"Must fail ``([\w-]+)``", cheat.read_text())[1]
+    check = checker_for(stem)
+    observed(monkeypatch, False)
+    check(cheat)                     # the trick is real: the recorders in the ranks miss it
+    observed(monkeypatch, True)
+    with pytest.raises(AssertionError) as err:
+        check(cheat)
+    assert getattr(err.value, "case", None) == case, str(err.value)[-2000:]
+    assert "the network counted" in str(err.value)
+
+
+def test_the_wire_is_observed_under_the_grading_policy(bwrap, tmp_path):  # noqa: F811
+    """At grading (no DTFS_OBSERVE): each rank runs in bubblewrap inside its host's namespace;
+    a right ring passes, a cheat fails on the wire."""
+    cheat = sorted(WIRE.glob("03_*.py"))[0]
+    right = sorted((ROOT / "tests" / "right").glob("03_ring_allreduce_*.py"))[0]
+    course, folder, _ = submission(tmp_path, cheat.stem, "")
+    env = {k: v for k, v in policy_env(course).items() if k != harness.OBSERVE}
+    caught = run_check(cheat, folder, env)
+    assert not caught["passed"] and "the network counted" in caught["message"], caught
+    target = folder / "work" / f"03_ring_allreduce_{right.stem[len('03_ring_allreduce_'):]}.py"
+    target.write_text(right.read_text())
+    out = subprocess.run([sys.executable, "-c", RUN_CHECK, checker_for(cheat.stem).__module__,
+                          checker_for(cheat.stem).__name__, str(target)], cwd=folder, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert '"passed": true' in out.stdout, out.stdout[-2000:]
