@@ -224,10 +224,9 @@ def _reap(state):
     """Kill what the zygote forked and is still alive (a rank whose launch was judged by its
     report may still be exiting; the zygote kills it soon, but not before the check returns),
     not the zygote: a nested block ends with no rank of its checks left behind."""
-    if state["proc"] is not None:
-        zygote = {state["proc"].pid}     # and, at grading, the zygote inside its bwrap
-        with contextlib.suppress(psutil.Error):
-            zygote |= {c.pid for c in psutil.Process(state["proc"].pid).children()}
+    if state["proc"] is not None and state["sock"]:
+        # the process started (at grading: bwrap) and the zygote, which wrote its own pid
+        zygote = {state["proc"].pid, int(Path(f"{state['sock']}.pid").read_text())}
         kill_processes([p for p in tagged_processes(state["tag"]) if p.pid not in zygote])
 
 

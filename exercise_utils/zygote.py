@@ -33,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 FDS = 8                 # at most this many descriptors travel with a request
 
@@ -73,6 +74,8 @@ def serve(path, command, preload):
         mpi4py.rc.finalize = False
     for name in preload:
         importlib.import_module(name)
+    if not command:                          # a session: who to spare when it reaps ranks
+        Path(f"{path}.pid").write_text(str(os.getpid()))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)

@@ -27,7 +27,8 @@ from test_sandbox import bwrap  # noqa: F401 - the fixture: installs bubblewrap 
 ROOT = Path(__file__).resolve().parents[1]
 WIRE = ROOT / "tests" / "cheats" / "wire"
 REASON = cluster.unavailable_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")
+pytestmark = [pytest.mark.network,
+              pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")]
 
 
 def observed(monkeypatch, on):
