@@ -69,9 +69,15 @@ def _signal(p, sig):
 def die_with_parent():
     """In the child: ask Linux for SIGTERM when the launching process dies (even by SIGKILL,
     e.g. a notebook kernel restart), so mpiexec / torchrun stop their workers too."""
+    prctl(1, signal.SIGTERM)      # PR_SET_PDEATHSIG
+
+
+def prctl(option, value):
+    """Linux's ``prctl(option, value)`` for this process (elsewhere nothing): used for
+    :func:`die_with_parent` and :func:`exercise_utils.sandbox.harden`."""
     if sys.platform.startswith("linux"):
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
 def remember_children(seen):

@@ -248,5 +248,5 @@ def harden():
     time with ``JOBS``) can then read its memory, environment or ``/proc`` entries. Called by
     the ranks' zygote and worker; elsewhere it does nothing."""
     if os.environ.get(INSIDE):
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
+        from .processes import prctl
+        prctl(4, 0)       # PR_SET_DUMPABLE, 0
