@@ -175,6 +175,11 @@ def test_the_sweeps_reach_every_edge_the_contract_names():
     assert any(shape == () for _, shape, _ in edge)
     names = [n for n, _, _ in edge]
     assert "out.weight" in names and "back.weight" not in names     # tied: once
+    # the wide setting: the network's counters tell factors from whole gradients (grading)
+    from exercise_utils.bonus_powersgd.expected import expected_elements
+    plain, comp = expected_elements("wide")
+    assert s["wide"].case == "psgd-values" and list(s)[-1] == "wide"
+    assert (plain + sum(comp)) * 50 < 256 * 1024 and plain == 256
 
 
 # ------------------------------------------------------------------ whole notebook

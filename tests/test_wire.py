@@ -4,7 +4,7 @@ for it run as the hosts of a mesh (:class:`exercise_utils.cluster.Cluster` with 
 and the judge reads each directed link's byte counter from outside the ranks.
 
 * an empty run (a group set up and taken down) stays far inside the slack the envelopes allow;
-* every right file of notebook 03's ring passes on the wire;
+* every right file of the observing checks (03's ring, 08's PowerSGD) passes on the wire;
 * every cheat of ``tests/cheats/wire/`` passes its check where links are not observed (so the
   trick is real and the test can fail) and fails the case its docstring names when they are;
 * under ``make autograde``'s sandbox policy the same holds (ranks in bubblewrap, each in its
@@ -58,11 +58,18 @@ def test_the_envelope_of_a_ring():
     assert grouped[0, 1][0] == grouped[1, 2][0] == 0
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "tests" / "right").glob(
-    "03_ring_allreduce_*.py")))
-def test_right_rings_pass_on_the_wire(monkeypatch, name):
+OBSERVED = ("03_ring_allreduce_*.py", "08_powersgd_*.py")     # the checks that observe links
+
+
+@pytest.mark.parametrize("name", sorted(p.name for pattern in OBSERVED
+                                        for p in (ROOT / "tests" / "right").glob(pattern)))
+def test_right_files_pass_on_the_wire(monkeypatch, name):
     observed(monkeypatch, True)
-    checks_ring.check_ring_allreduce(ROOT / "tests" / "right" / name)
+    checker_for(Path(name).stem)(ROOT / "tests" / "right" / name)
+
+
+def test_every_observing_check_has_a_wire_cheat():
+    assert {pattern[:2] for pattern in OBSERVED} == {p.name[:2] for p in WIRE.glob("*.py")}
 
 
 @pytest.mark.parametrize("stem", sorted(p.stem for p in WIRE.glob("*.py")))

@@ -25,14 +25,15 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import CheckFailure, fail
-from ..harness import HANG_AFTER, check, run_ranks
+from ..harness import HANG_AFTER, check, observing, run_ranks
 from . import probes
 from . import expected
 from . import reference as ref
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 WORLDS = (1, 2, 3)       # the world sizes PowerSGD runs in (one launch: probes._worlds)
-_CACHE = {}              # (file digest, "worlds" or "local") -> per-rank results or CheckFailure
+_CACHE = {}              # (wire_key, "worlds" or "local") -> per-rank results or CheckFailure
+LINKS = {}               # wire_key -> bytes per directed link of its launch (where observed)
 
 
 # ---------------------------------------------------------------- launching, caching
@@ -44,10 +45,11 @@ def _results(path, stage, timeout):
     if not path.is_file():
         raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it "
                            f"first.")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = wire_key(path)
     key = (digest, "worlds")
     if key not in _CACHE:
-        _CACHE[key] = _launch(path, probes.STAGES, timeout)
+        LINKS[digest] = {}
+        _CACHE[key] = _launch(path, probes.STAGES, timeout, LINKS[digest])
     res = _CACHE[key]
     if isinstance(res, CheckFailure) and stage != "powersgd":
         key = (digest, "local")
@@ -73,15 +75,23 @@ def _results(path, stage, timeout):
         yield size, [w[f"w{size}"] for w in worlds if f"w{size}" in w]
 
 
-def _launch(path, stages, timeout):
+def wire_key(path):
+    """The key of a file's launch in the caches: its content, and whether links are observed
+    (:func:`..harness.observing`): an observed check never reuses an unobserved launch."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest(), observing()
+
+
+def _launch(path, stages, timeout, links=None):
     """Per-rank results of one launch (3 gloo ranks; the local stages alone: one process
-    without communication), or the CheckFailure it raised."""
+    without communication), or the CheckFailure it raised. ``links`` receives the bytes the
+    network counted on each link where that is observed (:func:`..harness.run_ranks`)."""
     try:
         if "powersgd" not in stages:
             return run_ranks(path, probes.probe, 1, "none", {"stages": stages}, timeout,
                              case="ortho-orthonormal", what="08_powersgd.py (local stages)")
         return run_ranks(path, probes.probe, 3, "gloo", {"stages": stages}, timeout,
-                         case="psgd-values", what="08_powersgd.py with 1, 2 and 3 ranks")
+                         case="psgd-values", what="08_powersgd.py with 1, 2 and 3 ranks",
+                         links=links)
     except CheckFailure as err:
         return err
 

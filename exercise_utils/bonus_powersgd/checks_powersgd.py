@@ -5,7 +5,8 @@ finds it).
 step, for 4 steps in each of :data:`.reference.SETTINGS` (ranks 2 and 1 with warm start; the
 baseline, whose failures are charged to the clause they break; then one dimension changed at a
 time: warm_start False, min_compression_rate 2, full rank, float64 gradients, EdgeNet's
-parameters), on 1, 2 and 3 ranks, and checks after every step, in this order:
+parameters; last the baseline on one wide 256 x 1024 layer), on 1, 2 and 3 ranks, and checks
+after every step, in this order:
 
 * parameters whose grad is None (an unused layer) are left alone;
 * the collectives, COUNTED by wrapping ``torch.distributed``: only ``all_reduce``; (n + m) * r'
@@ -17,6 +18,10 @@ parameters), on 1, 2 and 3 ranks, and checks after every step, in this order:
   float64 (:func:`.expected.simulate`; float64 gradients to float64 precision): error feedback
   carried between steps, P orthogonalized, Q averaged, Q kept. When the result matches a known
   mistake instead, the message names it;
+* at grading (:func:`exercise_utils.harness.observing`) the bytes the network counted on the
+  links between the 3 ranks, read from the kernel outside the ranks: what the settings'
+  all_reduces put there (:func:`wire_envelope`), else ``psgd-wire``; whole gradients sent
+  beside the factors (by any path) show;
 * the state: ``params`` the list of trainable parameters; ``errors[i]`` this rank's M - approx
   (n, m) and ``qs[i]`` the averaged Q (m, r') (column signs free), in the gradients' dtype.
 
@@ -28,7 +33,7 @@ from ..harness import check
 from ..contract import fail
 from . import expected
 from . import reference as ref
-from .checks import TIMEOUT, _results
+from .checks import LINKS, TIMEOUT, _results, wire_key
 
 TOL = {"float32": 2e-4, "float64": 1e-9}   # |got - want| <= TOL * max|want| (float32 Gram-
 #   Schmidt at full rank: measured up to 2.4e-5; a mistake: 1e-1 and more; float64: 1e-13)
@@ -51,12 +56,59 @@ FLAWS = {
 }
 
 
+WIRE_SETUP = 256_000     # bytes on all links beyond the all_reduces: groups set up three
+#                          times, the probe's store and barriers (measured: tests/test_wire.py)
+MESSAGE_SLACK = 1_500    # bytes per gloo message: TCP/IP and gloo headers, notifications and
+#                          acknowledgements (measured: up to 800 with one call per tensor)
+WIRE_OVERHEAD = 0.05     # headers in proportion to the data
+
+
 @check
 def check_powersgd(path, timeout=TIMEOUT):
     """Check ``PowerSGD`` on 1, 2 and 3 ranks in every setting (see the module docstring)."""
     for size, res in _results(path, "powersgd", timeout):
         for name in ref.SETTINGS:
             Setting(name, size, [r[name] for r in res]).check()
+    links = LINKS.get(wire_key(path))
+    if links:
+        _check_wire(links)
+
+
+def wire_envelope():
+    """``(least, most)`` bytes all links of the launch carry together: every setting's
+    all_reduces for :data:`.reference.STEPS` steps in the world of 2 ranks and in that of 3
+    (a ring all_reduce of B bytes over n ranks sends 2 (n - 1) B in all), plus headers and the
+    groups' set-up. The world of 1 rank sends nothing."""
+    data = messages = 0
+    for name, setting in ref.SETTINGS.items():
+        plain, comp = expected.expected_elements(name)
+        calls = (1 if plain else 0) + 2 * len(comp)
+        nbytes = ESIZE[setting.dtype] * (plain + sum(comp))
+        for n in (2, 3):
+            data += ref.STEPS * 2 * (n - 1) * nbytes
+            messages += ref.STEPS * calls * n * 2 * (n - 1)
+    return (int(data * (1 - WIRE_OVERHEAD)),
+            int(data * (1 + WIRE_OVERHEAD) + messages * MESSAGE_SLACK + WIRE_SETUP))
+
+
+def _check_wire(links):
+    """The bytes the kernel counted on the launch's links (read outside the ranks: nothing in
+    them can change the counters) against :func:`wire_envelope`."""
+    least, most = wire_envelope()
+    sent = sum(links.values())
+    if least <= sent <= most:
+        return
+    wide = ref.SETTINGS["wide"]
+    plain, comp = expected.expected_elements("wide")
+    fail("psgd-wire",
+         f"the network counted {sent:,} bytes on the links between the 3 ranks, over the "
+         f"check's {len(ref.SETTINGS)} settings of {ref.STEPS} steps each with 2 and with 3 "
+         f"ranks; the all_reduces PowerSGD makes put {least:,} to {most:,} bytes there (e.g. "
+         f"at rank={wide.rank} on a 256 x 1024 gradient: (n + m) * r = {sum(comp)} elements for the "
+         f"P and Q, {plain} for the bias, not 262,144 for the whole matrix). The calls your "
+         f"code made through torch.distributed did not show this traffic: the bytes come "
+         f"from the kernel's counters of each link, read outside the ranks. Send only P, Q "
+         f"and the flat buffer, each with one dist.all_reduce.")
 
 
 class Setting:

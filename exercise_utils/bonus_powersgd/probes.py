@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..rankworker import not_implemented
-from .reference import (CONV, GRADIENTS, ORTHO_CASES, SEED, SETTINGS, STEPS, SYNTHETIC,
+from .reference import (CONV, GRADIENTS, ORTHO_CASES, SEED, SETTINGS, STEPS,
                         edge_model, gradient, layout, ortho_input, rank_cases)
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce",
@@ -211,7 +211,7 @@ def _params(setting):
             [*model.named_parameters(), (CONV[0], conv)], layout("edgenet"))]
     return [(n, torch.nn.Parameter(torch.zeros(shape, dtype=dtype),
                                    requires_grad=kind != "frozen"), kind)
-            for n, shape, kind in SYNTHETIC]
+            for n, shape, kind in layout(setting.model)]
 
 
 def _probe_powersgd(student, ctx):

@@ -106,7 +106,7 @@ def rank_cases():
 class Setting(NamedTuple):
     """One way of building ``PowerSGD`` in the probe, and the check case it belongs to."""
     case: str
-    model: str               # "synthetic" or "edgenet" (:func:`layout`)
+    model: str               # "synthetic", "edgenet" or "wide" (:func:`layout`)
     dtype: str
     rank: int
     rate: float              # min_compression_rate
@@ -123,6 +123,9 @@ SETTINGS = {
     "full": Setting("psgd-full-rank", "synthetic", "float32", 64, 0.0, False),
     "float64": Setting("psgd-float64", "synthetic", "float64", 2, 1.0, True),
     "edgenet": Setting("psgd-model", "edgenet", "float32", 2, 1.0, True),
+    # the baseline on one wide layer: a compressed step sends 1% of its gradient, so the bytes
+    # the network counts tell PowerSGD's factors from whole gradients (at grading, checks.py)
+    "wide": Setting("psgd-values", "wide", "float32", 2, 1.0, True),
 }
 
 # (name, shape, kind): kind "grad", "none" (trainable, its grad stays None: an unused layer),
@@ -134,6 +137,9 @@ SYNTHETIC = [("conv.weight", (6, 2, 3, 3), "grad"), ("frozen", (3,), "frozen"),
              ("fc1.bias", (10,), "grad"), ("thin.weight", (3, 2), "grad"),
              ("row.weight", (1, 12), "grad"), ("fc2.weight", (4, 10), "grad"),
              ("fc2.bias", (4,), "grad")]
+
+
+WIDE = [("wide.weight", (256, 1024), "grad"), ("wide.bias", (256,), "grad")]
 
 
 def edge_model(dtype="float32"):
@@ -153,8 +159,8 @@ def layout(model):
     "none", "frozen", "transposed" (a 2-D gradient stored transposed) or "channels_last" (a
     conv weight's gradient in channels_last memory: neither is contiguous). "edgenet": EdgeNet's
     parameters, then a channels_last conv weight (:data:`CONV`)."""
-    if model == "synthetic":
-        return tuple(SYNTHETIC)
+    if model in ("synthetic", "wide"):
+        return tuple(SYNTHETIC if model == "synthetic" else WIDE)
     out = []
     for name, p in edge_model().named_parameters():      # the tied weight once
         kind = ("frozen" if not p.requires_grad else "none" if name.startswith("unused.") else

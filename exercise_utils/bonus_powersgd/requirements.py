@@ -103,7 +103,7 @@ CONTRACT = {
         Clause("error-kept", "error = M - approx # kept for the next step (per tensor, on this "
                "rank)", cases=("psgd-values", "psgd-state")),
         Clause("sent", "Sent per compressed tensor: (n + m) * r numbers instead of n * m.",
-               cases=("psgd-elements",)),
+               cases=("psgd-elements", "psgd-wire")),
         Clause("one-buffer", "1-D tensors (biases) and matrices that would not shrink are "
                "all-reduced uncompressed, together in ONE flat buffer.",
                cases=("psgd-one-buffer", "psgd-full-rank")),
