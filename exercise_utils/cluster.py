@@ -53,6 +53,7 @@ NETNS_ETC = Path("/etc/netns")
 UTS_DIR = Path("/run/dtfs-uts")  # one file per host: its UTS namespace (hostname)
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 MESH_MAX = 8                  # hosts of a mesh: n * (n - 1) / 2 cables
+MPI_OVER_LINKS = {"UCX_TLS": "tcp,self"}   # MPICH's data over TCP (:meth:`Cluster.mpiexec_command`)
 _LIVE = set()                 # clusters up in this process, torn down at exit
 
 
@@ -315,6 +316,25 @@ class Cluster:
         return [sys.executable, "-m", "exercise_utils.cluster", "ranks",
                 json.dumps({"hosts": hosts, "cmd": [str(c) for c in cmd],
                             "master": self.hosts[0].address})]
+
+    def mpiexec_command(self, cmd, launcher):
+        """``mpiexec`` (MPICH's hydra) running ``cmd`` once on every host, started on host 0:
+        hydra reaches the other hosts through ``launcher``, an executable file this writes (a
+        stand-in for ``ssh`` that enters the host's namespaces), and the ranks find each other
+        at the hosts' addresses. MPICH's UCX moves data between processes of one machine
+        through shared memory whatever their network: :data:`MPI_OVER_LINKS` (in the command's
+        environment) makes it use TCP, so that the data crosses the links."""
+        from .launch import find_executable
+        launcher = Path(launcher)
+        cases = "".join(f'  {h.name}) exec ip netns exec {h.netns} nsenter --uts={h.uts} '
+                        f'bash -c "$*";;\n' for h in self.hosts)
+        launcher.write_text('#!/bin/bash\n[ "$1" = "-x" ] && shift\nhost="$1"; shift\n'
+                            f'case "$host" in\n{cases}esac\nexit 127\n')
+        launcher.chmod(0o700)
+        return self.hosts[0].wrap([find_executable("mpiexec"), "-launcher", "ssh",
+                                   "-launcher-exec", str(launcher), "-hosts",
+                                   ",".join(h.name for h in self.hosts), "-n",
+                                   str(len(self.hosts)), "-ppn", "1", *map(str, cmd)])
 
     def env(self):
         """Environment for commands on the hosts: MASTER_ADDR is host 0's address."""
