@@ -12,9 +12,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 LAB_FLAGS := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)   # containers and Colab run as root
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup data sandbox lab demo test release autograde autograde-slurm feedback clean help
+.PHONY: setup data sandbox lab lab-instructor demo test release autograde autograde-slurm feedback clean help
 help:
-	@echo "make lab        install (once) and open JupyterLab on notebooks/"
+	@echo "make lab        install (once), copy the notebooks into student/ (once) and open JupyterLab there"
+	@echo "make lab-instructor  JupyterLab on notebooks/ with nbgrader's instructor extensions"
 	@echo "make test       run the whole test suite (quick mode)"
 	@echo "make demo       notebook 01's scaling experiment, headless (1, 2, 4 MPI processes)"
 	@echo "make release    regenerate notebooks/ from solutions/ (nbgrader)"
@@ -55,6 +56,10 @@ sandbox:
 	 else echo "setup: no bubblewrap (only instructors grading need it: sudo apt-get install bubblewrap)"; fi
 
 lab: setup
+	$(PY) scripts/student.py
+	JUPYTER_CONFIG_DIR=$(CURDIR)/student/.jupyter $(VENV)/bin/jupyter lab $(LAB_FLAGS) student/
+
+lab-instructor: setup
 	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/
 
 demo: setup

@@ -10,8 +10,9 @@ the check case that holds each; a check's verdict), ``heartbeat`` (tell a
 hang from a slow machine), ``integrity`` (signed results, guarded checker code), ``pgwatch`` (collectives that bypass
 ``torch.distributed``'s functions), ``bench`` (timing,
 tables, JSON and plots), ``notebook_files`` (the ``%%writefile`` files of a notebook),
-``linebuf`` (line-buffered MPI ranks) and ``cluster`` (hosts in network namespaces with
-shaped links, on one machine).
+``linebuf`` (line-buffered MPI ranks), ``cluster`` (hosts in network namespaces with
+shaped links, on one machine), ``sandbox`` (student code in bubblewrap at grading) and
+``display`` (what a student sees of a check: one line, or a short box).
 
 One package per notebook, named after the notebook's stem without ``NN_`` (each package's
 docstring lists its modules): ``mpi_parallel_sgd`` (01), ``shared_memory_hogwild`` (02),
@@ -22,9 +23,11 @@ docstring lists its modules): ``mpi_parallel_sgd`` (01), ``shared_memory_hogwild
 check_api``. A topic package imports the core and its own modules, never another topic's.
 """
 from .config import QUICK, quick
+from .display import install as _install_display
 from .sandbox import private_tmpdir as _private_tmpdir
 
 _private_tmpdir()   # at grading only: this kernel's temporary folder, the one its sandboxes see
+_install_display()  # in a notebook: a failed check is a short box, not the checker's traceback
 
 __all__ = ["QUICK", "quick"]
 __version__ = "0.1.0"

@@ -83,6 +83,8 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
     if callable(probe):
         probe = f"{probe.__module__}:{probe.__qualname__}"
     what = what or probe.split(":")[-1]
+    for launches in _CHECKS:
+        launches.append((what, world_size, backend))
     if not path.is_file():
         raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it first.")
     with tempfile.TemporaryDirectory(prefix="dtfs-check-") as tmp:
@@ -92,13 +94,18 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
         worker_args = ["--student", str(path.resolve()), "--probe", probe, "--kwargs",
                        str(args_file), "--out", tmp, "--backend", backend, "--timeout",
                        str(limit), *(["--warm-up"] if warm_up else [])]
-        watch = heartbeat.Watch(tmp, world_size, timeout, spinning=backend == "mpi",
-                                reported=lambda: _written(tmp, world_size))
+        watch = _with_progress(heartbeat.Watch(tmp, world_size, timeout,
+                                               spinning=backend == "mpi",
+                                               reported=lambda: _written(tmp, world_size)),
+                               what, world_size, backend)
         try:
-            if links is not None and backend == "gloo" and world_size > 1 and observing():
-                links.update(_launch_on_mesh(worker_args, world_size, limit, what, watch))
-            else:
-                _launch(worker_args, world_size, backend, limit, what, watch)
+            try:
+                if links is not None and backend == "gloo" and world_size > 1 and observing():
+                    links.update(_launch_on_mesh(worker_args, world_size, limit, what, watch))
+                else:
+                    _launch(worker_args, world_size, backend, limit, what, watch)
+            finally:
+                watch.close()           # the progress line: gone, however the launch ended
         except launch.LaunchHang as err:
             reports = _reports(tmp, world_size, keys)
             _raise_student_errors(reports, path, case)
@@ -139,6 +146,27 @@ def _hang_message(what, backend, world_size, reports, report, path):
     return (f"{what} hung: no progress with {world_size} {backend} process(es) (ranks finished: "
             f"{sorted(reports) or 'none'}; ranks still waiting: {[s['rank'] for s in report]}); "
             f"all were killed.\n  {seen}\n{cause}")
+
+
+def _with_progress(watch, what, world_size, backend):
+    """``watch`` that also keeps the check's progress line up to date (:mod:`.display`)."""
+    from . import display
+    if _CHECKS and _LINE[0] is None:
+        _LINE[0] = display.Progress()        # one line per check, emptied when it ends
+    line, start = (_LINE[0] if _CHECKS else display.Progress()), time.monotonic()
+
+    def watching():
+        verdict = watch()
+        now = time.monotonic()
+        line.update(display.progress_line(what, world_size, backend, now - start, watch.seen,
+                                          now))
+        return verdict
+
+    def close():
+        if not _CHECKS:
+            line.close()
+    watching.seen, watching.summary, watching.close = watch.seen, watch.summary, close
+    return watching
 
 
 def _launch(worker_args, world_size, backend, limit, what, watch):
@@ -248,12 +276,35 @@ def _session_socket():
     return state["sock"]
 
 
+_CHECKS = []        # the launches of each check running now, outermost first
+_LINE = [None]      # the progress line of the check running now (:class:`.display.Progress`)
+
+
 def check(func):
-    """Decorator of every ``check_*`` function: the check runs in one :func:`session`."""
+    """Decorator of every ``check_*`` function: the check runs in one :func:`session`; when
+    it passes it prints one line (what ran, how long: :func:`.display.summary`), when it
+    fails its CheckFailure carries the check's name and time (``check``, ``seconds``) for
+    the box a notebook shows (:mod:`.display`). A check called by another prints nothing."""
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        with session():
-            return func(*args, **kwargs)
+        from . import display
+        start, launches = time.monotonic(), []
+        _CHECKS.append(launches)
+        try:
+            with session():
+                value = func(*args, **kwargs)
+        except CheckFailure as err:
+            err.check, err.seconds = func.__name__, time.monotonic() - start
+            raise
+        finally:
+            _CHECKS.pop()
+            if not _CHECKS and _LINE[0] is not None:
+                _LINE[0].close()
+                _LINE[0] = None
+        if not _CHECKS:
+            print(display.summary(func.__name__, launches, time.monotonic() - start),
+                  flush=True)
+        return value
     wrapper.__dtfs_check__ = True
     return wrapper
 

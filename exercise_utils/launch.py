@@ -63,6 +63,13 @@ class RunResult:
     seconds: float
     killed: list = field(default_factory=list)
 
+    def __repr__(self):
+        """One line (a notebook cell ending in a launch shows it after the live output, which
+        it would otherwise repeat as one escaped string): ``result.output`` holds the text."""
+        lines = len(self.output.splitlines())
+        return (f"<RunResult: exit code {self.returncode} after {self.seconds:.1f} s, "
+                f"{lines} line{'s' * (lines != 1)} of output in .output>")
+
 
 PORTS = Path(tempfile.gettempdir()) / "dtfs-ports"   # ports handed out lately, one file each
 PORT_HOLD = 300                                       # seconds a handed-out port stays reserved

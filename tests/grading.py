@@ -119,7 +119,35 @@ def autograde_solution_and_blank(tmp_path, stem, points, checks, timeout=1500):
     assert_every_check_says(course, "solution", stem, "all checks passed", checks)
     assert_ran_without_errors(course, "solution", stem)
     assert_every_check_says(course, "blank", stem, "not implemented yet: ", checks)
+    assert_failures_are_short(course, "blank", stem)
     return graded_text(course, "solution", stem), seconds
+
+
+def first_screen(outputs):
+    """The lines a failed CHECK cell shows before "more" is opened: its box (text form, up to
+    the "▸ more" line) and the error's traceback lines (``outputs``: the cell's outputs as
+    JSON text)."""
+    lines = []
+    for out in json.loads(outputs):
+        if out["output_type"] == "display_data":
+            text = "".join(out["data"].get("text/plain", "")).splitlines()
+            lines += text[:next((i for i, t in enumerate(text) if t.startswith("▸ more")),
+                                len(text))]
+        elif out["output_type"] == "error":
+            lines += [line for tb in out["traceback"] for line in tb.splitlines()]
+        elif out["output_type"] == "stream":
+            lines += out["text"].splitlines()
+    return lines
+
+
+def assert_failures_are_short(course, student, stem, limit=12):
+    """Every CHECK cell of ``student`` failed with a box (issue 26): a first screen of at most
+    ``limit`` lines, the error as one line, no checker source or frames on it."""
+    for first_line, outputs in check_outputs(course, student, stem).items():
+        screen = first_screen(outputs)
+        assert '"output_type": "error"' in outputs, (first_line, outputs[-1500:])
+        assert len(screen) <= limit, (first_line, screen)
+        assert not any("exercise_utils/" in line for line in screen), (first_line, screen)
 
 
 def graded_text(course, student, stem):

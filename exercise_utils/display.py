@@ -1,0 +1,174 @@
+"""What a student sees of a check: one line when it passes, a short box when it fails.
+
+A failed check (:class:`~exercise_utils.contract.CheckFailure`, raised by every ``check_*``)
+shows in a Jupyter kernel as a box: the check's name, the case of the contract and the time
+first, then the message, the first screen at most :data:`FIRST_SCREEN` lines; the rest of the
+message and the checker's traceback (its frames, without source) are folded in a
+``<details>`` element (plain text, indented, where no HTML is shown). The cell still ends in an
+error, of one line, so nbgrader's autograder sees the failure exactly as before. Other
+exceptions are left to IPython. :func:`install` registers it (``import exercise_utils``
+does, in a kernel); :func:`summary` is the one line of a check that passed.
+
+Used by every notebook (through :mod:`exercise_utils` and :func:`exercise_utils.harness.check`).
+"""
+import html
+import textwrap
+import traceback
+
+from .contract import CheckFailure
+
+FIRST_SCREEN = 12        # lines of a failure's first screen, title and error line included
+WIDTH = 100              # characters a line is wrapped at
+
+
+def _lines(message):
+    """The message as lines of at most :data:`WIDTH` characters (indentation kept)."""
+    out = []
+    for line in str(message).splitlines() or [""]:
+        indent = line[:len(line) - len(line.lstrip())]
+        out += textwrap.wrap(line, WIDTH, subsequent_indent=indent + "  ",
+                             break_long_words=True, break_on_hyphens=False) or [""]
+    return out
+
+
+def _frames(tb):
+    """The traceback's frames as "file:line in function" lines, without source."""
+    return [f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_tb(tb)]
+
+
+class Failure:
+    """A failed check as the student reads it (rendered as HTML in Jupyter, text elsewhere).
+
+    Attributes:
+        title: ``"✗ check_x failed (case c, 12.3 s)"``.
+        first: the lines of the first screen (the title excluded).
+        rest: the lines folded away: the rest of the message, then the checker's frames.
+    """
+
+    def __init__(self, err, tb=None):
+        name = getattr(err, "check", None) or "the check"
+        facts = [f"case {err.case}"] if getattr(err, "case", None) else []
+        if getattr(err, "seconds", None) is not None:
+            facts.append(f"{err.seconds:.1f} s")
+        self.title = f"✗ {name} failed" + (f" ({', '.join(facts)})" if facts else "")
+        lines = _lines(err)
+        keep = FIRST_SCREEN - 3          # the title, the "more" line and the error line
+        self.first, more = lines[:keep], lines[keep:]
+        frames = _frames(tb if tb is not None else err.__traceback__)
+        self.rest = more + (["", "The checker's traceback (most recent call last):"] +
+                            ["  " + f for f in frames] if frames else [])
+
+    def text(self):
+        """Plain text: the first screen, then the folded part indented under a marker."""
+        out = [self.title, *self.first]
+        if self.rest:
+            out.append(f"▸ more ({len(self.rest)} lines):")
+            out += ["    " + line for line in self.rest]
+        return "\n".join(out)
+
+    def __repr__(self):
+        return self.text()
+
+    def _repr_html_(self):
+        body = html.escape("\n".join(self.first))
+        more = ""
+        if self.rest:
+            more = (f"<details><summary>more: the rest of the message and the checker's "
+                    f"traceback ({len(self.rest)} lines)</summary><pre style=\"white-space: "
+                    f"pre-wrap\">{html.escape(chr(10).join(self.rest))}</pre></details>")
+        return (f"<div style=\"border-left: 4px solid #c62828; padding: 2px 8px; "
+                f"background: #fff5f5\"><b>{html.escape(self.title)}</b>"
+                f"<pre style=\"white-space: pre-wrap; margin: 4px 0\">{body}</pre>{more}</div>")
+
+
+def show_failure(shell, etype, value, tb, tb_offset=None):
+    """IPython's handler of a CheckFailure: display the box, then the cell's error as one
+    line. IPython shows nothing of a custom handler's return value: the error output (what
+    nbgrader's autograder counts as a failed cell) is sent here, as IPython would send it."""
+    from IPython.display import display
+    display(Failure(value, tb))
+    first = (str(value).splitlines() or [""])[0]
+    stb = [f"{etype.__name__}: {first[:WIDTH]}" + ("…" if len(first) > WIDTH else "")]
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+
+def install():
+    """In an IPython kernel, show every CheckFailure as a :class:`Failure` box; elsewhere (a
+    script, pytest) nothing changes. Returns whether it was installed."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    shell.set_custom_exc((CheckFailure,), show_failure)
+    return True
+
+
+def summary(name, launches, seconds):
+    """The one line of a check that passed: what ran (``launches``: ``(what, ranks,
+    backend)``) and how long it took."""
+    sizes = sorted({n for _, n, _ in launches})
+    ranks = (f" with {', '.join(map(str, sizes[:-1]))} and {sizes[-1]} ranks" if len(sizes) > 1
+             else f" with {sizes[0]} rank{'s' * (sizes[0] != 1)}" if sizes else "")
+    runs = f"{len(launches)} launch{'es' * (len(launches) != 1)}" if launches else "no launch"
+    return f"✓ {name}: all checks passed ({runs}{ranks}, {seconds:.1f} s)"
+
+
+class Progress:
+    """One line that says what a running check does, updated in place: in a Jupyter kernel a
+    display that is rewritten (and emptied at the end, so that a passed check leaves one
+    line), on a terminal a line rewritten with ``\\r``; elsewhere (pytest, nbgrader's
+    autograder, a log file) nothing. Updated at most once a second."""
+
+    def __init__(self):
+        self.handle, self.tty, self.shown, self.last = None, False, "", 0.0
+        try:
+            from IPython import get_ipython
+            shell = get_ipython()
+        except ImportError:
+            shell = None
+        import os
+        import sys
+        if os.environ.get("DTFS_PROGRESS") == "0":
+            return
+        if shell is not None and getattr(shell, "kernel", None) is not None \
+                and not os.environ.get("NBGRADER_EXECUTION"):
+            from IPython.display import display
+            self.handle = display({"text/plain": ""}, raw=True, display_id=True)
+        else:
+            self.tty = sys.stderr.isatty()
+
+    def update(self, text, force=False):
+        import sys
+        import time
+        now = time.monotonic()
+        if text == self.shown or (not force and now - self.last < 1.0):
+            return
+        self.shown, self.last = text, now
+        if self.handle is not None:
+            self.handle.update({"text/plain": text}, raw=True)
+        elif self.tty:
+            sys.stderr.write("\r\033[K" + text[:WIDTH])
+            sys.stderr.flush()
+
+    def close(self):
+        """Remove the line."""
+        self.update("", force=True)
+
+
+def progress_line(what, size, backend, seconds, seen, now):
+    """The text of a running launch: what, how many ranks, how long, the case the ranks run,
+    and any rank standing still for 10 s or more (with its line of the student's file)."""
+    cases = sorted({s["case"] for s in seen.values() if s.get("case")})
+    text = f"⏳ {what}: {size} {backend} rank{'s' * (size != 1)}, {seconds:.0f} s"
+    if cases:
+        text += f", case {', '.join(cases)}"
+    still = [(r, now - s["moved"], s) for r, s in sorted(seen.items())
+             if now - s["moved"] >= 10]
+    for rank, idle, s in still[:2]:
+        at = f" at line {s['student'][0]} ({s['student'][1]})" if s.get("student") else ""
+        text += f"; rank {rank}: no progress for {idle:.0f} s{at}"
+    return text

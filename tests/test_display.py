@@ -1,0 +1,121 @@
+"""What a student sees of a check (issue 26, part 1): a passed check is one line; a failed one
+is a box whose first screen (title, message, the error line) is at most 12 lines, the rest of
+the message and the checker's frames folded under "more", no checker source and no chained
+exception; the cell still ends in an error, so nbgrader counts the failure as before. Tested
+on the class, and in a real kernel (nbclient). The blank notebooks' CHECK cells are held to
+the same in every notebook's autograde test (``grading.assert_failures_are_short``).
+"""
+import json
+import textwrap
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from exercise_utils import display, launch
+from exercise_utils.contract import CheckFailure
+from grading import first_screen
+
+LONG = ("rank 1: ring_all_reduce on a tensor of shape (1007,), dtype float32, with 3 ranks is "
+        "wrong at 3 of 1007 elements (first at flat index 1004: got 1.0, expected the sum "
+        "3.0). Only the last numel % world_size = 2 elements are wrong.\n" +
+        "\n".join(f"  detail {i}" for i in range(30)))
+
+
+def failure(message=LONG):
+    try:
+        raise CheckFailure(message, "ring-uneven") from ValueError("inner")
+    except CheckFailure as err:
+        err.check, err.seconds = "check_ring_allreduce", 12.34
+        return display.Failure(err)
+
+
+def test_a_failure_shows_message_first_and_folds_the_rest():
+    box = failure()
+    text = box.text().splitlines()
+    assert text[0] == "✗ check_ring_allreduce failed (case ring-uneven, 12.3 s)"
+    shown = text[:text.index(next(t for t in text if t.startswith("▸ more")))]
+    assert len(shown) + 2 <= display.FIRST_SCREEN            # + the "more" and error lines
+    assert "rank 1: ring_all_reduce" in text[1] and all(len(t) <= 100 for t in shown)
+    assert "detail 29" in box.text() and "detail 29" not in "\n".join(shown)
+    assert any("test_display.py" in t for t in box.rest)     # the frames, folded
+    html = box._repr_html_()
+    assert "<details>" in html and "check_ring_allreduce failed" in html
+    assert "&lt;" not in failure("a < b").text() and "a &lt; b" in failure("a < b")._repr_html_()
+
+
+def test_a_short_failure_has_only_the_frames_folded():
+    box = failure("not implemented yet: ring_all_reduce in work/03_ring_allreduce.py")
+    assert box.first == ["not implemented yet: ring_all_reduce in work/03_ring_allreduce.py"]
+    assert box.rest[1].startswith("The checker's traceback")
+
+
+def test_summary_of_a_passed_check():
+    line = display.summary("check_x", [("a", 3, "gloo"), ("b", 4, "gloo"), ("c", 2, "gloo")],
+                           12.34)
+    assert line == "✓ check_x: all checks passed (3 launches with 2, 3 and 4 ranks, 12.3 s)"
+    assert display.summary("check_y", [], 0.01).endswith("(no launch, 0.0 s)")
+    assert "with 1 rank," in display.summary("check_z", [("a", 1, "none")], 1)
+
+
+def test_run_result_repr_is_one_line():
+    res = launch.RunResult(["x"], 0, "a\nb\nc\n", 1.23)
+    assert repr(res) == "<RunResult: exit code 0 after 1.2 s, 3 lines of output in .output>"
+
+
+CELLS = [
+    "import exercise_utils\nfrom exercise_utils.harness import check\n"
+    "from exercise_utils.contract import fail",
+    textwrap.dedent('''
+        @check
+        def check_demo(bad):
+            if bad:
+                fail("demo-case", %r)
+        check_demo(False)''') % LONG,
+    "check_demo(True)",
+    "raise ValueError('an ordinary error keeps its traceback')",
+    textwrap.dedent('''
+        import pathlib, tempfile
+        from exercise_utils.harness import run_ranks
+        blank = pathlib.Path(tempfile.mkdtemp()) / "blank.py"
+        blank.write_text("import time\\ntime.sleep(2.5)\\n")
+        @check
+        def check_launch():
+            run_ranks(blank, "exercise_utils.rankworker:probe_idle", 2, "none", what="idle")
+        check_launch()'''),
+]
+
+
+@pytest.mark.timeout(300)
+def test_in_a_kernel_a_passed_check_is_one_line_and_a_failure_a_short_box():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    NotebookClient(nb, timeout=240, kernel_name="python3", allow_errors=True).execute()
+    passed = nb.cells[1].outputs
+    assert [o.output_type for o in passed] == ["stream"], passed
+    assert passed[0].text.startswith("✓ check_demo: all checks passed (no launch, ")
+    assert passed[0].text.count("\n") == 1
+    failed = nb.cells[2].outputs
+    assert [o.output_type for o in failed] == ["display_data", "error"], failed
+    assert "<details>" in failed[0].data["text/html"]
+    assert failed[1].ename == "CheckFailure" and len(failed[1].traceback) == 1
+    screen = first_screen(json.dumps(failed))
+    assert len(screen) <= display.FIRST_SCREEN and "rank 1: ring_all_reduce" in screen[1]
+    assert not any("harness.py" in line or "exercise_utils/" in line for line in screen)
+    other = nb.cells[3].outputs
+    assert other[0].output_type == "error" and len(other[0].traceback) > 1
+    launched = [o for o in nb.cells[4].outputs if o.output_type != "display_data"
+                or o.data.get("text/plain")]        # the progress line, emptied at the end
+    assert [o.output_type for o in launched] == ["stream"], nb.cells[4].outputs
+    assert launched[0].text.startswith("✓ check_launch: all checks passed (1 launch with 2 "
+                                       "ranks, "), launched[0].text
+
+
+def test_the_progress_line_says_what_runs_and_who_stands_still():
+    seen = {0: {"case": "ring-uneven", "moved": 100.0, "student": [12, "ring_all_reduce"]},
+            1: {"case": "ring-uneven", "moved": 80.0, "student": None}}
+    line = display.progress_line("ring_all_reduce with 3 ranks", 3, "gloo", 21.4, seen, 101.0)
+    assert line == ("⏳ ring_all_reduce with 3 ranks: 3 gloo ranks, 21 s, case ring-uneven; "
+                    "rank 1: no progress for 21 s")
+    seen[0]["moved"] = 80.0
+    assert "rank 0: no progress for 21 s at line 12 (ring_all_reduce)" in display.progress_line(
+        "x", 3, "gloo", 21.4, seen, 101.0)
