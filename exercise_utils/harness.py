@@ -411,9 +411,64 @@ def _raise_student_errors(reports, path, case=None):
                        f"{rep['traceback']}", running)
 
 
+def _replayed(actual, expected, mistakes, atol, rtol):
+    """" Likely cause: <mistake>." for the first replayed mistake ``actual`` matches, or ""."""
+    for mistake, replay in (mistakes or {}).items():
+        values = replay()
+        if all(np.allclose(np.asarray(actual[n], dtype=np.float64),
+                           np.asarray(values[n], dtype=np.float64), atol=atol, rtol=rtol)
+               for n in expected if n in values):
+            return f" Likely cause: {mistake}"
+    return ""
+
+
+def likely_cause(actual, expected, start=None, size=None):
+    """What a mismatch most likely comes from, as a sentence for the message, or "".
+
+    ``actual``/``expected``: dicts name -> array; ``start``: the same arrays before the
+    update (then the update ``actual - start`` is compared with ``expected - start``);
+    ``size``: the number of ranks. Recognised: a NaN (where it first appeared), a result that
+    never moved, about ``size`` or ``1/size`` times the expected update (a sum instead of an
+    average, or divided twice), the opposite sign.
+    """
+    names = list(expected)
+    for name in names:
+        bad = np.flatnonzero(~np.isfinite(np.asarray(actual[name], dtype=np.float64)))
+        if bad.size:
+            return (f" Likely cause: a NaN or infinity, first in {name} (flat index {bad[0]}, "
+                    f"{bad.size} element{'s' * (bad.size != 1)}): look for a division by zero "
+                    f"(a count or a world size of 0?) or an uninitialised buffer (torch.empty).")
+    base = {n: np.asarray(start[n], dtype=np.float64) if start is not None else 0.0
+            for n in names}
+    got = np.concatenate([(np.asarray(actual[n], dtype=np.float64) - base[n]).ravel()
+                          for n in names] or [np.zeros(0)])
+    want = np.concatenate([(np.asarray(expected[n], dtype=np.float64) - base[n]).ravel()
+                           for n in names] or [np.zeros(0)])
+    norm = float(want @ want)
+    if norm == 0.0:
+        return ""
+    what = "update" if start is not None else "value"
+    if float(got @ got) <= 1e-6 * norm:
+        return (f" Likely cause: nothing moved (the {what}s are zero): was the result computed "
+                f"but never written back (into p.grad, or into the tensor in place)?")
+    k = float(got @ want) / norm
+    if float((got - k * want) @ (got - k * want)) > 0.05 ** 2 * norm:
+        return ""
+    if size and size > 1 and abs(k - size) < 0.15 * size:
+        return (f" Likely cause: about {k:.2f} times the expected {what} with {size} ranks: "
+                f"summed instead of averaged? Divide the sum by the world size.")
+    if size and size > 1 and abs(k - 1 / size) < 0.15 / size:
+        return (f" Likely cause: about 1/{size} of the expected {what} with {size} ranks: "
+                f"divided by the world size twice, or averaged what was already an average?")
+    if abs(k + 1) < 0.15:
+        return f" Likely cause: the {what} has the opposite sign."
+    return ""
+
+
 def assert_close(actual, expected, what, rank=None, atol=1e-5, rtol=1e-4, case=None,
-                 dtype=False):
-    """Compare named arrays; raise a CheckFailure naming the rank, the tensor and the error.
+                 dtype=False, start=None, size=None, mistakes=None):
+    """Compare named arrays; raise a CheckFailure naming the rank, the tensor and the error,
+    and, where one is recognised, the likely cause (:func:`likely_cause`).
 
     Args:
         actual, expected: dicts name -> array-like (or a single array-like).
@@ -422,6 +477,11 @@ def assert_close(actual, expected, what, rank=None, atol=1e-5, rtol=1e-4, case=N
         atol, rtol: tolerances as in ``numpy.allclose``.
         case: the check case that compares them (:mod:`.contract`).
         dtype: also require each actual array to have the expected one's dtype.
+        start: the values before the update (same names), for the likely cause.
+        size: the number of ranks, for the likely cause.
+        mistakes: ``{what the mistake is: a function returning the values it gives}``
+            (replays of known mistakes, called only on a mismatch): the first the actual
+            values match (to 10 times the tolerance) is named as the likely cause.
     """
     if not isinstance(expected, dict):
         actual, expected = {"value": actual}, {"value": expected}
@@ -440,8 +500,13 @@ def assert_close(actual, expected, what, rank=None, atol=1e-5, rtol=1e-4, case=N
                                f"({what})", case)
         if not np.allclose(a, e, atol=atol, rtol=rtol):
             diff = float(np.max(np.abs(a - e)))
+            if start is not None and not isinstance(start, dict):
+                start = {"value": start}
+            cause = (_replayed(actual, expected, mistakes, 10 * atol, 10 * rtol) or
+                     likely_cause({n: actual[n] for n in expected}, expected, start, size))
             raise CheckFailure(f"{where} differs by {diff:.1e} in {name} ({what}; max abs "
-                               f"difference, tolerance {atol:g} + {rtol:g}*|expected|)", case)
+                               f"difference, tolerance {atol:g} + {rtol:g}*|expected|).{cause}",
+                               case)
 
 
 def state_arrays(model):

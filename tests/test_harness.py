@@ -307,3 +307,29 @@ def test_mpi_hang_is_reported_although_mpi_spins(tmp_path):
         run_ranks(path, "harness_probes:probe_value", 2, "mpi", timeout=5)
     msg = str(err.value)
     assert "ranks finished: [1]" in msg and "ranks still waiting: [0]" in msg, msg
+
+
+def test_a_mismatch_names_its_likely_cause():
+    """Issue 26, part 4: a NaN, a result that never moved, N or 1/N times the update, the
+    opposite sign, or a replayed known mistake is named; anything else is not guessed at."""
+    from exercise_utils.harness import assert_close, likely_cause
+    start = {"w": np.array([1.0, 2.0, 3.0]), "b": np.array([0.5])}
+    want = {"w": np.array([1.1, 1.8, 3.3]), "b": np.array([0.4])}
+    moved = lambda k: {n: start[n] + k * (want[n] - start[n]) for n in want}  # noqa: E731
+    assert "summed instead of averaged" in likely_cause(moved(3.0), want, start, 3)
+    assert "1/3 of the expected update" in likely_cause(moved(1 / 3), want, start, 3)
+    assert "opposite sign" in likely_cause(moved(-1.0), want, start, 3)
+    assert "nothing moved" in likely_cause(moved(0.0), want, start, 3)
+    nan = {"w": np.array([1.0, np.nan, 3.0]), "b": np.array([0.4])}
+    assert "first in w (flat index 1" in likely_cause(nan, want, start, 3)
+    assert likely_cause(moved(1.7), want, start, 3) == ""
+    assert likely_cause({"w": np.array([9.0, 0.0, 1.0]), "b": np.array([0.0])}, want, start,
+                        3) == ""
+    assert "summed instead" in likely_cause({"v": np.array([4.0, -2.0])},
+                                            {"v": np.array([2.0, -1.0])}, size=2)
+    with pytest.raises(AssertionError, match=r"differs by .*Likely cause: a known slip\."):
+        assert_close(moved(1.7), want, "x", 0, start=start, size=3,
+                     mistakes={"not this one.": lambda: want, "a known slip.": lambda: moved(1.7)})
+    with pytest.raises(AssertionError) as err:
+        assert_close(moved(1.7), want, "x", 0, start=start, size=3)
+    assert "Likely cause" not in str(err.value)

@@ -134,6 +134,11 @@ def _check_zero2_edge(size, rank, out):
                      rank, atol=atol, rtol=rtol, case=case, dtype=True)
 
 
+def _start():
+    """The parameters every run starts from (for the likely cause of a mismatch)."""
+    return {n: p.detach().numpy() for n, p in nets.make_model().named_parameters()}
+
+
 def _zero2_memory(size):
     """(bytes allowed after the step, while the local optimizer steps) with ``size`` ranks."""
     total = sum(nets.unit_numels())
@@ -155,7 +160,13 @@ def check_zero2(path):
                 _check_zero2_collectives(size, rank, step, rec, total)
             assert_close(out["final"], out["ref"], f"parameters after {nets.STEPS} steps of "
                          f"Zero2 with {size} ranks, against one process on the combined batch",
-                         rank, atol=ATOL, rtol=RTOL, case="zero2-values")
+                         rank, atol=ATOL, rtol=RTOL, case="zero2-values", start=_start(),
+                         size=size, mistakes={
+                             f"the parameters are those of SGD on the SUM of the {size} ranks' "
+                             f"gradients: summed instead of averaged? Divide the reduce-"
+                             f"scattered sum by the world size.":
+                             lambda: {n: p.detach().numpy() for n, p in nets.reference(
+                                 size, nets.STEPS, grad_scale=size).named_parameters()}})
             _check_zero2_edge(size, rank, out)
             for step, rec in enumerate(out["steps"]):
                 if rec["grads_left"]:

@@ -94,8 +94,9 @@ def arrays(state):
     return {k: v.detach().cpu().numpy().copy() for k, v in state.items()}
 
 
-def reference(size, steps, start=None):
-    """One process on the combined batches: the model after ``steps`` steps."""
+def reference(size, steps, start=None, grad_scale=1):
+    """One process on the combined batches: the model after ``steps`` steps (with
+    ``grad_scale``, every gradient multiplied by it: the replay of a known mistake)."""
     model = make_model()
     if start is not None:
         model.load_state_dict(start)
@@ -104,7 +105,7 @@ def reference(size, steps, start=None):
     for step in range(first, first + steps):
         opt.zero_grad()
         x, y = combined(step, size)
-        F.cross_entropy(model(x), y).backward()
+        (F.cross_entropy(model(x), y) * grad_scale).backward()
         opt.step()
     return model
 

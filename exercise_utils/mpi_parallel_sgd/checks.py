@@ -11,7 +11,7 @@ Used in 01_mpi_parallel_sgd.
 import numpy as np
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, check, run_ranks
+from ..harness import HANG_AFTER, assert_close, check, run_ranks, state_arrays
 from ..integrity import VIOLATION
 from . import probes
 from .probes import (AVERAGE_CASES, BROADCAST_CASES, GLOBAL_CASES, GLOBAL_EMPTY, NO_GRAD,
@@ -161,7 +161,27 @@ def check_allreduce_sgd(path, timeout=TIMEOUT):
                 assert_close(state, expected, f"{dtype} parameters after {SGD_STEPS} SGD steps "
                              f"with {size} ranks must equal single-process SGD on the "
                              f"concatenated batch: average (sum / size) the gradients of every "
-                             f"rank, in the gradients' own dtype", rank, atol, rtol, case=case)
+                             f"rank, in the gradients' own dtype", rank, atol, rtol, case=case,
+                             start=state_arrays(sgd_model(dtype)), size=size,
+                             mistakes={summed(size): lambda: _summed_sgd(dtype, size)})
+
+
+def summed(size):
+    """The likely cause named when parameters match SGD on summed gradients."""
+    return (f"the parameters are those of SGD on the SUM of the {size} ranks' gradients: "
+            f"summed instead of averaged? Divide the sum by the world size.")
+
+
+def _summed_sgd(dtype, size):
+    """Single-process SGD with the gradient multiplied by ``size`` (a sum of averages)."""
+    model = sgd_model(dtype)
+    x, y = sgd_batches(size, dtype)
+
+    def scale():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(size)
+    return sgd_run(model, x, y, scale)
 
 
 def _check_one_allreduce(rank, calls, elements, numel):

@@ -242,7 +242,7 @@ FLAWS = [
     # ------------------------------------------------------------------ allreduce_sgd
     Flaw("allreduce_sgd", "sum_not_average", clause="average", case="sgd-values",
          why="sums the gradients with one Allreduce but forgets to divide by the number of ranks.",
-         expect="must equal single-process SGD",
+         expect="summed instead of averaged? Divide",
          patch=(("    flat /= comm.Get_size()\n", ""),)),
     Flaw("allreduce_sgd", "no_copy_back", clause="average", case="sgd-values",
          why="averages a flat buffer but never copies it back, as if torch.cat returned views of "

@@ -82,7 +82,7 @@ FLAWS = [
     Flaw("zero2", "sum_not_average", clause="average-over-ranks", case="zero2-values",
          why="uses the reduce-scattered SUM of the gradients as the shard's gradient and never "
              "divides by the world size, so every update is N times too large.",
-         expect="parameters after 4 steps of Zero2",
+         expect="summed instead of averaged? Divide",
          patch=(("        self.shard.grad = grad.div_(self.world)\n",
                  "        self.shard.grad = grad\n"),)),
     Flaw("zero2", "gathers_before_step", clause="all-gather-updated", case="zero2-values",
