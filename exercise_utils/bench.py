@@ -6,6 +6,7 @@ and compare ratios measured in the same run rather than absolute times.
 Used in 01_mpi_parallel_sgd and later notebooks.
 """
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -36,6 +37,50 @@ def time_it(fn, warmup=2, repeats=7, sync=None):
             sync()
         times.append(time.perf_counter() - start)
     return {"median": statistics.median(times), "min": min(times), "all": times}
+
+
+class OtherLoad:
+    """How many cores other processes kept busy while the block ran (``with OtherLoad() as
+    load: ...``, then ``load.cores``): the machine's busy CPU time, less this process's and
+    that of the children it waited for (a launch's processes), over the wall time. A timing
+    taken while others used a core or more of a small machine measures them too: on 2 cores
+    beside 2 busy processes, one training process with 2 intra-op threads ran 69 times
+    slower (notebook 01, section 6)."""
+
+    def __enter__(self):
+        import psutil
+        self._busy = _busy_seconds(psutil.cpu_times())
+        self._ours = _our_seconds()
+        self._start = time.perf_counter()
+        self.cores = None
+        return self
+
+    def __exit__(self, *exc):
+        import psutil
+        wall = time.perf_counter() - self._start
+        others = (_busy_seconds(psutil.cpu_times()) - self._busy) - (_our_seconds() - self._ours)
+        self.cores = max(0.0, others / wall) if wall > 0 else 0.0
+
+
+def _busy_seconds(times):
+    return sum(v for k, v in times._asdict().items() if k not in ("idle", "iowait"))
+
+
+def _our_seconds():
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def load_warning(rows, key="others", cores=None, limit=0.25):
+    """A warning (or "") when other processes kept more than ``limit`` cores busy during any
+    of the runs whose rows record it under ``key``."""
+    worst = max((r.get(key) or 0.0 for r in rows), default=0.0)
+    if worst <= limit:
+        return ""
+    cores = cores or os.cpu_count()
+    return (f"WARNING: other processes kept up to {worst:.1f} of the {cores} cores busy during "
+            f"these runs: the timings measure them too and cannot be trusted. Close other "
+            f"programs (or wait for them) and run the cell again.")
 
 
 def format_table(rows, columns, formats=None):

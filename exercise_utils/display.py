@@ -1,4 +1,6 @@
-"""What a student sees of a check: one line when it passes, a short box when it fails.
+"""What a student sees of a check: one line when it passes, a short box when it fails;
+and of a launch that failed (:class:`~exercise_utils.launch.LaunchError`): how it ended and
+each rank's first error, its output folded.
 
 A failed check (:class:`~exercise_utils.contract.CheckFailure`, raised by every ``check_*``)
 shows in a Jupyter kernel as a box: the check's name, the case of the contract and the time
@@ -12,6 +14,7 @@ does, in a kernel); :func:`summary` is the one line of a check that passed.
 Used by every notebook (through :mod:`exercise_utils` and :func:`exercise_utils.harness.check`).
 """
 import html
+import re
 import textwrap
 import traceback
 
@@ -36,6 +39,26 @@ def _frames(tb):
     return [f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_tb(tb)]
 
 
+ERROR_LINE = re.compile(r"^(?:\[(?:rank)?(\d+)\]:? ?)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*"
+                        r"(?:Error|Exception|Interrupt)\b:?.*)$")
+
+
+def first_errors(output, limit=6):
+    """Each rank's first exception line in a launch's output (``[rankN]: ValueError: ...`` as
+    torch labels them, ``[N] ...`` as the course's mpiexec does, or unlabelled), in order of
+    appearance; torchrun's own ChildFailedError is not one of them."""
+    found, seen = [], set()
+    for line in output.splitlines():
+        m = ERROR_LINE.match(line.strip())
+        if not m or "ChildFailedError" in m[2]:
+            continue
+        who = m[1]
+        if who not in seen:
+            seen.add(who)
+            found.append((f"rank {who}: " if who is not None else "") + m[2])
+    return found[:limit]
+
+
 class Failure:
     """A failed check as the student reads it (rendered as HTML in Jupyter, text elsewhere).
 
@@ -46,6 +69,10 @@ class Failure:
     """
 
     def __init__(self, err, tb=None):
+        from .launch import LaunchError
+        if isinstance(err, LaunchError):
+            self._launch(err, tb)
+            return
         name = getattr(err, "check", None) or "the check"
         facts = [f"case {err.case}"] if getattr(err, "case", None) else []
         if getattr(err, "seconds", None) is not None:
@@ -57,6 +84,23 @@ class Failure:
         frames = _frames(tb if tb is not None else err.__traceback__)
         self.rest = more + (["", "The checker's traceback (most recent call last):"] +
                             ["  " + f for f in frames] if frames else [])
+
+    def _launch(self, err, tb):
+        """A launch that failed: how it ended, then each rank's first error; its output and
+        the frames folded."""
+        message = str(err).split("\n--- last output ---")[0]
+        head = _lines(message)
+        self.title = "✗ " + head[0]
+        errors = first_errors(getattr(err, "output", "") or "")
+        shown = [f"  {line}" for e in errors for line in _lines(e)]
+        keep = FIRST_SCREEN - 3
+        self.first = (head[1:] + (["Each rank's first error:"] + shown if shown else []))[:keep]
+        output = (getattr(err, "output", "") or "").splitlines()
+        frames = _frames(tb if tb is not None else err.__traceback__)
+        self.rest = ([f"The output ({len(output)} lines, the last 200; all of it in the "
+                      f"error's .output):"] + [f"  {line}" for line in output[-200:]] +
+                     (["", "Where it was launched (most recent call last):"] +
+                      ["  " + f for f in frames] if frames else []))
 
     def text(self):
         """Plain text: the first screen, then the folded part indented under a marker."""
@@ -103,7 +147,8 @@ def install():
     shell = get_ipython()
     if shell is None:
         return False
-    shell.set_custom_exc((CheckFailure,), show_failure)
+    from .launch import LaunchError
+    shell.set_custom_exc((CheckFailure, LaunchError), show_failure)
     return True
 
 

@@ -10,6 +10,7 @@ Used in every notebook (01_mpi_parallel_sgd onwards) and by the checker harness;
 commands at once (a multi-node job's agents): :mod:`exercise_utils.launch_many`.
 """
 import os
+import re
 import secrets
 import selectors
 import shlex
@@ -162,8 +163,29 @@ def _tail(lines, n=40):
     return "\n".join(lines[-n:])
 
 
+class AgentReport:
+    """An echo filter that hides torchrun's failure report from the live output: the agent's
+    log lines once a worker failed, its own traceback and the ChildFailedError summary
+    (35 or more lines that repeat, less clearly, what the ranks' ``[rankN]:`` tracebacks
+    above them said). The ranks' lines always show; every line stays in the output
+    (``err.output``); :attr:`hidden` counts the lines not shown."""
+    START = re.compile(r"^[WEI]\d{4} [\d:.]+ +\d+ .*torch/distributed/elastic/.*"
+                       r"(failed \(exitcode|closing signal)")
+
+    def __init__(self):
+        self.hiding, self.hidden = False, 0
+
+    def __call__(self, line):
+        if re.match(r"^\[(rank\d+\]:|\d+\] )", line):
+            return True
+        self.hiding = self.hiding or bool(self.START.match(line))
+        self.hidden += self.hiding
+        return not self.hiding
+
+
 def _pump(proc, sel, lines, echo, partial, wait):
-    """Read whatever output is ready within ``wait`` seconds; return False at EOF."""
+    """Read whatever output is ready within ``wait`` seconds; return False at EOF. ``echo``:
+    print each line, or a callable that says which lines to print (e.g. :class:`AgentReport`)."""
     for key, _ in sel.select(timeout=wait):
         chunk = os.read(key.fd, 65536)
         if not chunk:
@@ -174,7 +196,7 @@ def _pump(proc, sel, lines, echo, partial, wait):
         partial.append(rest)
         for line in done:
             lines.append(line)
-            if echo:
+            if echo and (echo is True or echo(line)):
                 print(line, flush=True)
     return True
 
@@ -189,7 +211,8 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
         env: extra environment variables (added to os.environ). MASTER_ADDR=127.0.0.1 and a
             fresh free MASTER_PORT are set unless ``env`` gives them.
         cwd: working directory.
-        echo: print output lines as they arrive (they are always collected).
+        echo: print output lines as they arrive (they are always collected); or a callable
+            that says which lines to print (:class:`AgentReport`, which :func:`torchrun` uses).
         what: short description used in error messages (default: the command line).
         threads_per_process: OMP/MKL threads per process; default: CPU cores // nprocs
             (at least 1), unless OMP_NUM_THREADS is already set.
@@ -248,7 +271,7 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
         killed = cleanup(proc, tag, seen)
         if partial[0]:
             lines.append(partial[0])
-            if echo:
+            if echo and (echo is True or echo(partial[0])):
                 print(partial[0], flush=True)
         proc.stdout.close()
         if status == "interrupted":
@@ -256,6 +279,9 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
                   file=sys.stderr, flush=True)
     seconds = time.monotonic() - start
     output = "\n".join(lines)
+    if getattr(echo, "hidden", 0):
+        print(f"(torchrun's failure report, {echo.hidden} lines, not shown: the ranks' errors "
+              f"are above; all of it is in the error's .output)", flush=True)
     if status == "timeout":
         why = (" although it kept making progress (an endless loop?)" if watch else
                f". {HANG_HINT}")
@@ -359,4 +385,6 @@ def torchrun(script, nproc, args=(), nnodes=1, port=None, extra=(), **kwargs):
            f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
            *map(str, extra), str(script), *map(str, args)]
     kwargs.setdefault("what", f"`torchrun --nproc-per-node {nproc} {script}`")
+    if kwargs.get("echo", True) is True:
+        kwargs["echo"] = AgentReport()
     return run(cmd, nprocs=int(nproc), **kwargs)

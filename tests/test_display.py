@@ -119,3 +119,40 @@ def test_the_progress_line_says_what_runs_and_who_stands_still():
     seen[0]["moved"] = 80.0
     assert "rank 0: no progress for 21 s at line 12 (ring_all_reduce)" in display.progress_line(
         "x", 3, "gloo", 21.4, seen, 101.0)
+
+
+def test_a_failed_launch_shows_each_ranks_first_error_and_folds_the_output():
+    output = "\n".join(["rank 0 starting", "[rank1]: Traceback (most recent call last):",
+                        '[rank1]:   File "x.py", line 6, in <module>',
+                        "[rank1]: ValueError: rank 1 broke on purpose",
+                        "[rank0]: RuntimeError: Connection closed by peer",
+                        "[rank1]: ValueError: again", "Traceback (most recent call last):",
+                        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+                        *[f"report line {i}" for i in range(40)]])
+    err = launch.LaunchError("`torchrun --nproc-per-node 2 x.py` failed with exit code 1 after "
+                             "3.2 s; its remaining processes were killed.\n--- last output "
+                             "---\n" + output, ["torchrun"], 1, output)
+    box = display.Failure(err)
+    assert box.title.startswith("✗ `torchrun --nproc-per-node 2 x.py` failed with exit code 1")
+    assert box.first[-3:] == ["Each rank's first error:",
+                              "  rank 1: ValueError: rank 1 broke on purpose",
+                              "  rank 0: RuntimeError: Connection closed by peer"]
+    assert len(box.first) + 3 <= display.FIRST_SCREEN
+    assert "report line 39" in "\n".join(box.rest)
+    assert display.first_errors("OverflowError: big\nplain line") == ["OverflowError: big"]
+
+
+def test_torchruns_failure_report_is_hidden_from_the_live_output(tmp_path, capsys):
+    script = tmp_path / "fail.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                      "print('rank', dist.get_rank(), 'up', flush=True)\n"
+                      "if dist.get_rank() == 1:\n    raise ValueError('rank 1 broke')\n"
+                      "dist.barrier()\n")
+    with pytest.raises(launch.LaunchError) as err:
+        launch.torchrun(script, 2, timeout=120)
+    shown = capsys.readouterr().out
+    assert "[rank1]: ValueError: rank 1 broke" in shown and "rank 1 up" in shown
+    assert "ChildFailedError" not in shown and "Root Cause" not in shown
+    assert "torchrun's failure report" in shown
+    assert "ChildFailedError" in err.value.output            # nothing lost
+    assert len(shown.splitlines()) < len(err.value.output.splitlines()) - 20

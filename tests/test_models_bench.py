@@ -76,3 +76,29 @@ def test_writefile_cells_strip_solution_markers(tmp_path):
     assert writefile_cells(path) == {"work/01_a.py": "def f():\n    return 1\n"}
     files = extract_writefiles(path, tmp_path / "out")
     assert files["01_a"].read_text() == "def f():\n    return 1\n"
+
+
+@pytest.mark.serial       # measures the machine's load: run alone
+def test_other_load_counts_other_processes_and_not_ours():
+    """bench.OtherLoad: busy neighbours count, this process's own work and its waited-for
+    children do not; the warning names the busy cores."""
+    import subprocess
+    import sys
+    import time
+
+    from exercise_utils.bench import OtherLoad, load_warning
+    from exercise_utils.mpi_parallel_sgd.experiments import busy_processes
+    with OtherLoad() as quiet:
+        subprocess.run([sys.executable, "-c", "import time\nt = time.time()\n"
+                        "while time.time() - t < 1.5: pass"])     # ours: a waited child
+        end = time.perf_counter() + 0.5
+        while time.perf_counter() < end:                           # ours: this process
+            pass
+    with busy_processes(2) as procs:
+        with OtherLoad() as busy:
+            time.sleep(2.0)
+    assert all(p.poll() is not None for p in procs)               # killed at the end
+    assert quiet.cores < 0.5, quiet.cores
+    assert busy.cores > 1.2, busy.cores
+    assert load_warning([{"others": quiet.cores}]) == ""
+    assert "kept up to 1." in load_warning([{"others": busy.cores}], cores=2)

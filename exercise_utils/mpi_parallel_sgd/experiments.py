@@ -10,39 +10,47 @@ import os
 from pathlib import Path
 
 from .. import launch
-from ..bench import format_table, line_plot, load_json
+from ..bench import OtherLoad, format_table, line_plot, load_json, load_warning
 from ..config import quick
 
 TIMEOUT = quick(900, 60)    # seconds before a training run is declared hung and killed
 
 
 def run_training(procs, mode="gradient", work="work", out_dir="results", extra=(), echo=True,
-                 timeout=TIMEOUT, name=None):
-    """Train with ``procs`` MPI processes; return the result dict written by rank 0.
+                 timeout=TIMEOUT, name=None, threads=None):
+    """Train with ``procs`` MPI processes; return the result dict written by rank 0, with
+    ``"others"``: the cores other processes kept busy meanwhile (:class:`..bench.OtherLoad`).
 
     ``extra`` holds more options of :mod:`.train` (e.g. ``("--epochs", "5")``);
-    ``name`` names the JSON file (default: the mode).
+    ``name`` names the JSON file (default: the mode); ``threads``: intra-op threads per
+    process (default: the launcher's, cores // processes).
     """
     out = Path(out_dir) / f"01_{name or mode}_n{procs}.json"
     if out.exists():
         out.unlink()
-    launch.mpiexec(f"{__package__}.train", procs, ["--work", work, "--mode", mode, "--out", out,
-                                                   *extra], module=True, timeout=timeout, echo=echo)
-    return load_json(out)
+    with OtherLoad() as load:
+        launch.mpiexec(f"{__package__}.train", procs, ["--work", work, "--mode", mode, "--out",
+                                                       out, *extra], module=True,
+                       timeout=timeout, echo=echo, threads_per_process=threads)
+    return {**load_json(out), "others": load.cores}
 
 
-def scaling(procs=(1, 2, 4), work="work", out_dir="results", extra=(), echo=True):
+def scaling(procs=(1, 2, 4), work="work", out_dir="results", extra=(), echo=True, threads=1):
     """Train with each process count (gradient averaging); return table rows with speedups.
 
-    Each row also keeps the full result of its run under ``"result"``.
+    Every process gets ``threads`` intra-op threads (default 1, as torchrun sets: one
+    process per core, and a busy neighbour costs its share of a core, not 69 times the
+    time: see :func:`oversubscription`); None: the launcher's cores // processes.
+    Each row also keeps the full result of its run under ``"result"``, and under
+    ``"others"`` the cores other processes kept busy during it.
     """
     rows = []
     for n in procs:
         print(f"--- {n} process(es) ---", flush=True)
-        r = run_training(n, "gradient", work, out_dir, extra, echo)
+        r = run_training(n, "gradient", work, out_dir, extra, echo, threads=threads)
         rows.append({"procs": n, "threads": r["threads"], "cores": os.cpu_count(),
                      "steps": r["steps_per_epoch"], "epoch_s": r["median_epoch_seconds"],
-                     "accuracy": r["test_accuracy"], "result": r})
+                     "accuracy": r["test_accuracy"], "others": r["others"], "result": r})
     for row in rows:
         row["speedup"] = rows[0]["epoch_s"] / row["epoch_s"]
         row["efficiency"] = row["speedup"] / (row["procs"] / rows[0]["procs"])
@@ -50,15 +58,76 @@ def scaling(procs=(1, 2, 4), work="work", out_dir="results", extra=(), echo=True
 
 
 SCALING_COLUMNS = [("procs", "processes"), ("threads", "threads/proc"), ("cores", "cores"),
+                   ("others", "busy cores (others)"),
                    ("steps", "steps/epoch"), ("epoch_s", "s/epoch (median)"),
                    ("speedup", "speedup"), ("efficiency", "efficiency"),
                    ("accuracy", "test accuracy")]
-SCALING_FORMATS = {"epoch_s": ".2f", "speedup": ".2f", "efficiency": ".0%", "accuracy": ".3f"}
+SCALING_FORMATS = {"epoch_s": ".2f", "speedup": ".2f", "efficiency": ".0%", "accuracy": ".3f",
+                   "others": ".1f"}
 
 
 def scaling_table(rows):
-    """Format :func:`scaling` rows as a text table."""
-    return format_table(rows, SCALING_COLUMNS, SCALING_FORMATS)
+    """Format :func:`scaling` rows as a text table, with a warning when other processes
+    kept the machine busy during a run (then the timings cannot be trusted)."""
+    warning = load_warning(rows)
+    return format_table(rows, SCALING_COLUMNS, SCALING_FORMATS) + (f"\n{warning}" if warning
+                                                                   else "")
+
+
+def busy_processes(n):
+    """A context: ``n`` processes that keep a core busy each (other programs on a laptop),
+    killed when the block ends, however it ends."""
+    import contextlib
+    import subprocess
+    import sys
+
+    import psutil
+
+    from ..processes import kill_processes
+
+    @contextlib.contextmanager
+    def busy():
+        procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                  start_new_session=True) for _ in range(n)]
+        try:
+            yield procs
+        finally:
+            kill_processes([psutil.Process(p.pid) for p in procs if p.poll() is None])
+            for p in procs:
+                p.wait()
+    return busy()
+
+
+def oversubscription(threads=(1, 2), neighbours=(0, 2), work="work", out_dir="results",
+                     extra=(), echo=False):
+    """One training process with 1 and with 2 intra-op threads, alone and beside
+    ``neighbours`` busy processes: rows of threads, neighbours, s/epoch and the slowdown
+    against the same threads alone."""
+    rows = []
+    for t in threads:
+        alone = None
+        for busy in neighbours:
+            print(f"--- 1 process, {t} thread(s), {busy} busy process(es) beside it ---",
+                  flush=True)
+            with busy_processes(busy):
+                r = run_training(1, "gradient", work, out_dir, extra, echo,
+                                 name=f"threads{t}_busy{busy}", threads=t)
+            alone = r["median_epoch_seconds"] if busy == 0 else alone
+            rows.append({"threads": t, "neighbours": busy, "epoch_s": r["median_epoch_seconds"],
+                         "slowdown": r["median_epoch_seconds"] / alone if alone else None,
+                         "others": r["others"]})
+    return rows
+
+
+OVERSUBSCRIPTION_COLUMNS = [("threads", "threads/proc"), ("neighbours", "busy processes beside"),
+                            ("others", "busy cores (others)"), ("epoch_s", "s/epoch (median)"),
+                            ("slowdown", "slower than alone")]
+
+
+def oversubscription_table(rows):
+    """Format :func:`oversubscription` rows as a text table."""
+    return format_table(rows, OVERSUBSCRIPTION_COLUMNS,
+                        {"epoch_s": ".2f", "slowdown": ".1f", "others": ".1f"})
 
 
 def plot_scaling(rows, path="results/01_scaling.png"):
