@@ -140,10 +140,10 @@ def show_failure(shell, etype, value, tb, tb_offset=None):
 def install():
     """In an IPython kernel, show every CheckFailure as a :class:`Failure` box; elsewhere (a
     script, pytest) nothing changes. Returns whether it was installed."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
+    import sys
+    if "IPython" not in sys.modules:     # no kernel here (a rank, a script): import nothing
         return False
+    from IPython import get_ipython
     shell = get_ipython()
     if shell is None:
         return False
@@ -169,14 +169,13 @@ class Progress:
     autograder, a log file) nothing. Updated at most once a second."""
 
     def __init__(self):
-        self.handle, self.tty, self.shown, self.last = None, False, "", 0.0
-        try:
-            from IPython import get_ipython
-            shell = get_ipython()
-        except ImportError:
-            shell = None
         import os
         import sys
+        self.handle, self.tty, self.shown, self.last = None, False, "", 0.0
+        shell = None
+        if "IPython" in sys.modules:
+            from IPython import get_ipython
+            shell = get_ipython()
         if os.environ.get("DTFS_PROGRESS") == "0":
             return
         if shell is not None and getattr(shell, "kernel", None) is not None \
