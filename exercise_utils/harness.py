@@ -28,7 +28,6 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 from . import heartbeat, integrity, launch, plaindata, sandbox
 from .processes import TAG, kill_processes, tagged_processes

@@ -10,7 +10,6 @@ and the judge reads each directed link's byte counter from outside the ranks.
 * under ``make autograde``'s sandbox policy the same holds (ranks in bubblewrap, each in its
   host's network namespace).
 """
-import os
 import re
 import subprocess
 import sys
