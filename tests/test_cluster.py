@@ -92,12 +92,14 @@ def test_a_mesh_counts_the_bytes_of_each_directed_link_and_leaves_nothing_behind
 
 
 MPI_ALLREDUCE = """
+import pathlib, socket, sys
 from mpi4py import MPI
-import numpy as np, socket
+import numpy as np
 x = np.full(1 << 20, MPI.COMM_WORLD.Get_rank() + 1.0, dtype=np.float32)
 y = np.empty_like(x)
 MPI.COMM_WORLD.Allreduce(x, y)
-print("rank", MPI.COMM_WORLD.Get_rank(), socket.gethostname(), y[0])
+rank = MPI.COMM_WORLD.Get_rank()     # a file each: the ranks' printed lines may interleave
+pathlib.Path(sys.argv[1], f"rank{rank}").write_text(f"{rank} {socket.gethostname()} {y[0]}")
 """
 
 
@@ -111,11 +113,13 @@ def test_mpi_ranks_on_mesh_hosts_and_what_their_links_carry(tmp_path, over_links
     script.write_text(MPI_ALLREDUCE)
     with cluster.Cluster(3, mesh=True) as net:
         before = net.link_bytes()
-        out = launch.run(net.mpiexec_command([sys.executable, script], tmp_path / "rsh"),
+        out = launch.run(net.mpiexec_command([sys.executable, script, tmp_path],
+                                             tmp_path / "rsh"),
                          env=cluster.MPI_OVER_LINKS if over_links else {},
                          timeout=120, echo=False).output
         sent = {k: v - before[k] for k, v in net.link_bytes().items()}
-    ranks = sorted(line.split()[1:] for line in out.splitlines() if line.startswith("rank "))
+    ranks = sorted((tmp_path / f"rank{r}").read_text().split() for r in range(3)
+                   if (tmp_path / f"rank{r}").exists())
     assert ranks == [["0", "h0", "6.0"], ["1", "h1", "6.0"], ["2", "h2", "6.0"]], out
     data = 4 << 20
     if over_links:     # MPICH's algorithm (not a ring): about the data on a few links
