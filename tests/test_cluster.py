@@ -30,12 +30,15 @@ def links():
 
 
 def leftovers():
-    """Everything a cluster could leave behind: namespaces, their /etc files, UTS files."""
-    found = cluster.namespaces()
+    """Everything a cluster made by this process could leave behind: namespaces, their /etc
+    files, UTS files (``dtfs-<this pid>-...``: the tests running beside this one, e.g. the
+    checks observing links on a mesh, make clusters of their own at the same time)."""
+    mine = f"{cluster.PREFIX}{os.getpid()}-"
+    found = cluster.namespaces(mine)
     for folder in (cluster.NETNS_ETC, cluster.UTS_DIR):
         if folder.exists():
-            found += [p.name for p in folder.iterdir() if p.name.startswith(cluster.PREFIX)]
-    return found
+            found += [p.name for p in folder.iterdir() if p.name.startswith(mine)]
+    return sorted(found)
 
 
 def test_rates_parse_and_bad_rates_say_what_is_expected():
