@@ -263,13 +263,16 @@ def _session_socket():
     if state["sock"] is None:
         sock = Path(state["tmp"]) / "zygote.sock"
         env = {**os.environ, TAG: state["tag"]}
-        state["proc"] = proc = subprocess.Popen(
-            sandbox.wrap([sys.executable, "-m", "exercise_utils.zygote", "--socket", str(sock)]),
-            env=env,
-            stdin=subprocess.DEVNULL, start_new_session=True)
+        errors = Path(state["tmp"]) / "zygote.err"     # why it died, if it does
+        with open(errors, "wb") as err:
+            state["proc"] = proc = subprocess.Popen(
+                sandbox.wrap([sys.executable, "-m", "exercise_utils.zygote", "--socket",
+                              str(sock)]),
+                env=env, stdin=subprocess.DEVNULL, stderr=err, start_new_session=True)
         while not sock.exists():
             if proc.poll() is not None:
-                raise RuntimeError(f"the check's zygote exited with {proc.returncode}")
+                raise RuntimeError(f"the check's zygote exited with {proc.returncode}: "
+                                   f"{errors.read_text(errors='replace')[-2000:]}")
             time.sleep(0.01)
         state["sock"] = str(sock)
     return state["sock"]
