@@ -14,8 +14,11 @@ does, in a kernel); :func:`summary` is the one line of a check that passed.
 Used by every notebook (through :mod:`exercise_utils` and :func:`exercise_utils.harness.check`).
 """
 import html
+import os
 import re
+import sys
 import textwrap
+import time
 import traceback
 
 from .contract import CheckFailure
@@ -140,7 +143,6 @@ def show_failure(shell, etype, value, tb, tb_offset=None):
 def install():
     """In an IPython kernel, show every CheckFailure as a :class:`Failure` box; elsewhere (a
     script, pytest) nothing changes. Returns whether it was installed."""
-    import sys
     if "IPython" not in sys.modules:     # no kernel here (a rank, a script): import nothing
         return False
     from IPython import get_ipython
@@ -169,8 +171,6 @@ class Progress:
     autograder, a log file) nothing. Updated at most once a second."""
 
     def __init__(self):
-        import os
-        import sys
         self.handle, self.tty, self.shown, self.last = None, False, "", 0.0
         shell = None
         if "IPython" in sys.modules:
@@ -186,8 +186,6 @@ class Progress:
             self.tty = sys.stderr.isatty()
 
     def update(self, text, force=False):
-        import sys
-        import time
         now = time.monotonic()
         if text == self.shown or (not force and now - self.last < 1.0):
             return

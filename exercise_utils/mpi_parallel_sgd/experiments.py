@@ -6,12 +6,18 @@ and reported.
 
 Used in 01_mpi_parallel_sgd and by ``make demo``.
 """
+import contextlib
 import os
+import subprocess
+import sys
 from pathlib import Path
+
+import psutil
 
 from .. import launch
 from ..bench import OtherLoad, format_table, line_plot, load_json, load_warning
 from ..config import quick
+from ..processes import kill_processes
 
 TIMEOUT = quick(900, 60)    # seconds before a training run is declared hung and killed
 
@@ -74,28 +80,18 @@ def scaling_table(rows):
                                                                    else "")
 
 
+@contextlib.contextmanager
 def busy_processes(n):
     """A context: ``n`` processes that keep a core busy each (other programs on a laptop),
     killed when the block ends, however it ends."""
-    import contextlib
-    import subprocess
-    import sys
-
-    import psutil
-
-    from ..processes import kill_processes
-
-    @contextlib.contextmanager
-    def busy():
-        procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                                  start_new_session=True) for _ in range(n)]
-        try:
-            yield procs
-        finally:
-            kill_processes([psutil.Process(p.pid) for p in procs if p.poll() is None])
-            for p in procs:
-                p.wait()
-    return busy()
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                              start_new_session=True) for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        kill_processes([psutil.Process(p.pid) for p in procs if p.poll() is None])
+        for p in procs:
+            p.wait()
 
 
 def oversubscription(threads=(1, 2), neighbours=(0, 2), work="work", out_dir="results",
