@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@if [ -x $(PY) ]; then echo "setup: using the existing virtual environment $(VENV)"; \
 	 else echo "setup: creating the virtual environment $(VENV)"; python3 -m venv $(VENV); fi
 	@echo "setup: installing exercise_utils and its dependencies, pinned by constraints.txt (log: $(VENV)/install.log) ..."
-	@$(PY) -m pip install --disable-pip-version-check -c constraints.txt -e ".[dev]" > $(VENV)/install.log 2>&1 \
+	@$(PY) -m pip install --disable-pip-version-check -c constraints.txt -e ".[instructor,dev]" > $(VENV)/install.log 2>&1 \
 	 || { grep -v '^WARNING: Location' $(VENV)/install.log | tail -30; echo "setup: pip install failed"; exit 1; }
 	@$(PY) -c "import torch, torchvision, mpi4py, nbgrader; print('setup: torch', torch.__version__, '| torchvision', torchvision.__version__, '| mpi4py', mpi4py.__version__, '| nbgrader', nbgrader.__version__)"
 	@touch $(STAMP)

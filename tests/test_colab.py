@@ -1,0 +1,151 @@
+"""The README's Colab set-up cell, in a stand-in for Colab (issue 26, part 7).
+
+The stand-in is what Colab gives a student: a fresh Python environment that already has torch,
+torchvision, numpy, matplotlib and ipykernel (linked from the course's own environment, so no
+5 GB download) and nothing of the course (no ``exercise_utils``, mpi4py, mpich, JupyterLab or
+nbgrader). A kernel of that environment, started in a folder outside the repository, runs
+
+1. the README's cell twice: the first run clones the course (from this repository's committed
+   HEAD) and installs what is missing, the second installs nothing; both print the same
+   "ready" line, torch stays the environment's own, and nothing of the instructor's extra
+   (JupyterLab, nbgrader) is installed;
+2. then, in a new kernel (Colab's "Restart session"), the cell again and notebook 01's graded
+   cells (setup, exercises, CHECKs) from the solution: every CHECK passes.
+
+Not Colab itself: its container, GPU runtimes and network namespaces are untested here.
+"""
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grading import graded_only
+
+ROOT = Path(__file__).resolve().parents[1]
+COLAB_HAS = ["torch", "torchvision", "numpy", "matplotlib", "ipykernel", "psutil", "tqdm",
+             "PyYAML"]
+
+
+def readme_cell():
+    """The code of the README's Colab cell (between its ``colab-cell`` markers)."""
+    text = (ROOT / "README.md").read_text()
+    found = re.search(r"<!-- colab-cell[^>]*-->\n```python\n(.*?)```\n<!-- /colab-cell -->",
+                      text, flags=re.S)
+    assert found, "README.md has no Colab cell between <!-- colab-cell --> markers"
+    return found[1]
+
+
+def closure(names):
+    """The installed distributions ``names`` need, themselves included (markers evaluated,
+    extras not followed)."""
+    from packaging.requirements import Requirement
+    seen, todo = {}, list(names)
+    while todo:
+        name = todo.pop()
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue                                  # an optional dependency not installed
+        key = dist.metadata["Name"].lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen[key] = dist
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return list(seen.values())
+
+
+def stand_in(folder):
+    """A fresh venv at ``folder`` whose site-packages links what Colab has. Returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; "
+                               "print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip())
+    for dist in closure(COLAB_HAS):
+        base = Path(dist.locate_file(""))
+        for file in dist.files or []:
+            if file.parts[0] == "..":
+                continue                              # scripts: not needed
+            top = site / file.parts[0]
+            if not top.exists() and not top.is_symlink():
+                top.symlink_to(base / file.parts[0])
+    return python
+
+
+def kernel_spec(folder, python, env):
+    """A Jupyter kernel ``colab`` that runs ``python`` with ``env``; returns JUPYTER_PATH."""
+    spec = folder / "kernels" / "colab"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "colab stand-in", "language": "python", "env": env}))
+    return str(folder)
+
+
+def run(cells, cwd, timeout):
+    """Execute ``cells`` (source texts, or notebook cells) in a new ``colab`` kernel at
+    ``cwd``; return the executed notebook."""
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) if isinstance(c, str) else nbformat.from_dict(c)
+                for c in cells]
+    NotebookClient(nb, timeout=timeout, kernel_name="colab",
+                   resources={"metadata": {"path": str(cwd)}}).execute()
+    return nb
+
+
+def text(cell):
+    return "".join(out.get("text", "") for out in cell.outputs)
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(1200)
+def test_the_readme_cell_sets_up_a_fresh_colab_like_kernel(tmp_path, monkeypatch):
+    python = stand_in(tmp_path / "env")
+    before = subprocess.run([str(python), "-c", "import torch; print(torch.__file__)"],
+                            capture_output=True, text=True, check=True).stdout
+    for absent in ("exercise_utils", "mpi4py", "nbgrader", "jupyterlab"):
+        found = subprocess.run([str(python), "-c", f"import {absent}"], capture_output=True)
+        assert found.returncode != 0, f"the stand-in already has {absent}"
+    content, home = tmp_path / "content", tmp_path / "content" / "dtfs"
+    content.mkdir()
+    env = {"DTFS_HOME": str(home), "DTFS_URL": str(ROOT), "DTFS_QUICK": "1",
+           "PATH": f"{python.parent}:{os.environ['PATH']}"}
+    monkeypatch.setenv("JUPYTER_PATH", kernel_spec(tmp_path / "jupyter", python, env))
+    probe = ("import os, sys, exercise_utils, torch\n"
+             "print('where', os.getcwd(), exercise_utils.__file__, torch.__file__)")
+
+    nb = run([readme_cell(), readme_cell(), probe], content, timeout=600)
+    first, second, where = map(text, nb.cells)
+    assert "installing the course and mpi4py, mpich" in first, first
+    assert "installing" not in second, second            # the second run installs nothing
+    for out in (first, second):
+        assert re.search(r"course set-up: ready \(torch .*mpiexec.*\); working in "
+                         + re.escape(str(home / "student")), out), out
+    cwd, package, torch_file = where.split()[1:4]
+    assert cwd == str(home / "student") and package.startswith(str(home)), where
+    assert torch_file + "\n" == before, "the set-up replaced the environment's torch"
+    for extra in ("nbgrader", "jupyterlab", "nbclient"):
+        found = subprocess.run([str(python), "-c", f"import {extra}"], capture_output=True)
+        assert found.returncode != 0, f"the set-up installed {extra} (the instructor's extra)"
+
+    # Colab's "Restart session": a new kernel, the cell again, notebook 01's graded cells
+    solution = json.loads(graded_only((ROOT / "solutions" / "01_mpi_parallel_sgd.ipynb")
+                                      .read_text()))
+    cells = [c for c in solution["cells"] if c["cell_type"] == "code"]
+    nb = run([readme_cell(), *cells], content, timeout=900)
+    assert "installing" not in text(nb.cells[0]) and "ready" in text(nb.cells[0])
+    checks = [c for c in nb.cells if c.source.startswith("# CHECK ")]
+    assert len(checks) == 5, [c.source[:30] for c in checks]
+    for cell in checks:
+        out = text(cell)
+        assert "passed" in out and "Error" not in out, (cell.source[:40], out[-2000:])
