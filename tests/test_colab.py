@@ -112,9 +112,10 @@ def text(cell):
 def test_the_readme_cell_sets_up_a_fresh_colab_like_kernel(tmp_path, monkeypatch):
     python = stand_in(tmp_path / "env")
     before = subprocess.run([str(python), "-c", "import torch; print(torch.__file__)"],
-                            capture_output=True, text=True, check=True).stdout
+                            capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     for absent in ("exercise_utils", "mpi4py", "nbgrader", "jupyterlab"):
-        found = subprocess.run([str(python), "-c", f"import {absent}"], capture_output=True)
+        found = subprocess.run([str(python), "-c", f"import {absent}"], capture_output=True,
+                               cwd=tmp_path)
         assert found.returncode != 0, f"the stand-in already has {absent}"
     content, home = tmp_path / "content", tmp_path / "content" / "dtfs"
     content.mkdir()
@@ -135,7 +136,8 @@ def test_the_readme_cell_sets_up_a_fresh_colab_like_kernel(tmp_path, monkeypatch
     assert cwd == str(home / "student") and package.startswith(str(home)), where
     assert torch_file + "\n" == before, "the set-up replaced the environment's torch"
     for extra in ("nbgrader", "jupyterlab", "nbclient"):
-        found = subprocess.run([str(python), "-c", f"import {extra}"], capture_output=True)
+        found = subprocess.run([str(python), "-c", f"import {extra}"], capture_output=True,
+                               cwd=tmp_path)
         assert found.returncode != 0, f"the set-up installed {extra} (the instructor's extra)"
 
     # Colab's "Restart session": a new kernel, the cell again, notebook 01's graded cells
