@@ -37,13 +37,12 @@ def installed(name):
 
 
 def course_installed(home):
-    """Whether ``exercise_utils`` is installed from ``home`` (editable)."""
-    try:
-        dist = importlib.metadata.distribution("exercise_utils")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    url = dist.read_text("direct_url.json") or ""
-    return Path(home).resolve().as_uri() in url
+    """Whether ``exercise_utils`` is installed from ``home`` (editable): an installed
+    distribution says so in its ``direct_url.json`` (the build's ``exercise_utils.egg-info``
+    in ``home``, found once ``home`` is on ``sys.path``, is not an installation)."""
+    where = Path(home).resolve().as_uri()
+    return any(where in (dist.read_text("direct_url.json") or "")
+               for dist in importlib.metadata.distributions(name="exercise_utils"))
 
 
 def pins_for_missing(home):
@@ -78,6 +77,7 @@ def setup(home, work=None):
     """Make the course at ``home`` usable in this kernel (see the module docstring); work in
     ``work`` (default ``home/student``). Returns the working directory."""
     home = Path(home).resolve()
+    importlib.invalidate_caches()           # what an earlier run of the cell installed
     missing = [name for name in NEEDS if not installed(name)]
     if missing or not course_installed(home):
         print(f"course set-up: installing the course{' and ' if missing else ''}"

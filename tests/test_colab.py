@@ -119,7 +119,7 @@ def test_the_readme_cell_sets_up_a_fresh_colab_like_kernel(tmp_path, monkeypatch
         assert found.returncode != 0, f"the stand-in already has {absent}"
     content, home = tmp_path / "content", tmp_path / "content" / "dtfs"
     content.mkdir()
-    env = {"DTFS_HOME": str(home), "DTFS_URL": str(ROOT), "DTFS_QUICK": "1",
+    env = {"DTFS_HOME": str(home), "DTFS_URL": ROOT.as_uri(), "DTFS_QUICK": "1",
            "PATH": f"{python.parent}:{os.environ['PATH']}"}
     monkeypatch.setenv("JUPYTER_PATH", kernel_spec(tmp_path / "jupyter", python, env))
     probe = ("import os, sys, exercise_utils, torch\n"
