@@ -96,7 +96,7 @@ def run(cells, cwd, timeout):
     import nbformat
     from nbclient import NotebookClient
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) if isinstance(c, str) else nbformat.from_dict(c)
+    nb.cells = [nbformat.v4.new_code_cell(c if isinstance(c, str) else "".join(c["source"]))
                 for c in cells]
     NotebookClient(nb, timeout=timeout, kernel_name="colab",
                    resources={"metadata": {"path": str(cwd)}}).execute()
