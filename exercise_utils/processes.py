@@ -92,10 +92,11 @@ def remember_children(seen):
 def cleanup(proc, tag, seen):
     """Kill the launched process group, every remembered child and every tagged process."""
     remember_children(seen)
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        pass
+    if proc.poll() is None:      # not reaped: its pid, and so its group's id, is still its own
+        try:                     # (once reaped, pid_max 32768 recycles it within minutes)
+            os.killpg(proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
     victims = {p.pid: p for p in list(seen.values()) + tagged_processes(tag)}
     killed = kill_processes(list(victims.values()))
     try:

@@ -93,8 +93,10 @@ def serve(path, command, preload):
                     children[conn] = _fork_rank(conn, listener, children)
                     sel.register(conn, selectors.EVENT_READ)
                 else:                        # a stub spoke or went away: it was killed
-                    held.pop(key.fileobj, None)
-                    _kill(children.pop(key.fileobj, None))
+                    reaped = held.pop(key.fileobj, None) is not None
+                    pid = children.pop(key.fileobj, None)
+                    if not reaped:           # (a reaped rank's pid may be another's by now)
+                        _kill(pid)
                     sel.unregister(key.fileobj)
                     key.fileobj.close()
             for conn, pid in list(children.items()):
@@ -117,8 +119,9 @@ def serve(path, command, preload):
                 sel.unregister(conn)
                 conn.close()
     finally:
-        for pid in children.values():
-            _kill(pid)
+        for conn, pid in children.items():
+            if conn not in held:             # not reaped yet: the pid is still this rank's
+                _kill(pid)
         if mpiexec and mpiexec.poll() is None:
             mpiexec.kill()
         listener.close()
