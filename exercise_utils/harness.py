@@ -424,6 +424,24 @@ def _replayed(actual, expected, mistakes, atol, rtol):
     return ""
 
 
+def whose(actual, candidates, atol=0.0, rtol=0.0):
+    """The key of the first of ``candidates`` (key -> dict name -> array, or an array) that
+    ``actual`` (the same) equals within the tolerance, shapes included; None if none does.
+    Tells "a rank holding another rank's values" and "one step behind" from other mistakes."""
+    def arrays(value):
+        return value if isinstance(value, dict) else {"value": value}
+    got = arrays(actual)
+    for key, values in candidates.items():
+        want = arrays(values)
+        if want and all(name in got and np.shape(got[name]) == np.shape(want[name]) and
+                        np.allclose(np.asarray(got[name], dtype=np.float64),
+                                    np.asarray(want[name], dtype=np.float64),
+                                    atol=atol, rtol=rtol)
+                        for name in want):
+            return key
+    return None
+
+
 def likely_cause(actual, expected, start=None, size=None):
     """What a mismatch most likely comes from, as a sentence for the message, or "".
 
@@ -468,7 +486,7 @@ def likely_cause(actual, expected, start=None, size=None):
 
 
 def assert_close(actual, expected, what, rank=None, atol=1e-5, rtol=1e-4, case=None,
-                 dtype=False, start=None, size=None, mistakes=None):
+                 dtype=False, start=None, size=None, mistakes=None, others=None):
     """Compare named arrays; raise a CheckFailure naming the rank, the tensor and the error,
     and, where one is recognised, the likely cause (:func:`likely_cause`).
 
@@ -484,6 +502,8 @@ def assert_close(actual, expected, what, rank=None, atol=1e-5, rtol=1e-4, case=N
         mistakes: ``{what the mistake is: a function returning the values it gives}``
             (replays of known mistakes, called only on a mismatch): the first the actual
             values match (to 10 times the tolerance) is named as the likely cause.
+        others: ``{rank: its expected values}`` for the other ranks: actual values that are
+            another rank's (within the tolerance) are named as the likely cause.
     """
     if not isinstance(expected, dict):
         actual, expected = {"value": actual}, {"value": expected}
@@ -505,10 +525,27 @@ def assert_close(actual, expected, what, rank=None, atol=1e-5, rtol=1e-4, case=N
             if start is not None and not isinstance(start, dict):
                 start = {"value": start}
             cause = (_replayed(actual, expected, mistakes, 10 * atol, 10 * rtol) or
+                     held_by(actual, others, rank, atol, rtol) or
                      likely_cause({n: actual[n] for n in expected}, expected, start, size))
             raise CheckFailure(f"{where} differs by {diff:.1e} in {name} ({what}; max abs "
                                f"difference, tolerance {atol:g} + {rtol:g}*|expected|).{cause}",
                                case)
+
+
+def held_by(actual, others, rank, atol=0.0, rtol=0.0):
+    """" Likely cause: ..." when ``actual`` equals what another rank should hold (``others``:
+    rank -> its expected values), else ""."""
+    def empty(values):      # an empty share says nothing about whose it is
+        return all(np.size(v) == 0 for v in (values.values() if isinstance(values, dict)
+                                             else [values]))
+    other = whose(actual, {q: v for q, v in (others or {}).items() if q != rank and not empty(v)},
+                  atol, rtol)
+    if other is None:
+        return ""
+    holder = f"rank {rank}" if rank is not None else "this rank"
+    return (f" Likely cause: {holder} holds what rank {other} should hold: a rank index is off "
+            f"(the pieces sent in the wrong order, counted from the root instead of from rank "
+            f"0, or the wrong source / destination).")
 
 
 def state_arrays(model):

@@ -11,7 +11,7 @@ Used in 01_mpi_parallel_sgd.
 import numpy as np
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, check, run_ranks, state_arrays
+from ..harness import HANG_AFTER, assert_close, check, held_by, run_ranks, state_arrays
 from ..integrity import VIOLATION
 from . import probes
 from .probes import (AVERAGE_CASES, BROADCAST_CASES, GLOBAL_CASES, GLOBAL_EMPTY, NO_GRAD,
@@ -77,20 +77,23 @@ def check_shards(path, timeout=TIMEOUT):
             x, y = scatter_data(n, dtype, shape)
             call = (f"scatter_shards with {size} ranks, {n} samples of shape {shape} ({dtype}), "
                     f"root={root}")
-            for rank, (a, b) in enumerate(reference_bounds(n, size)):
-                _check_shard(case, call, rank, shards[rank][i], x[a:b].numpy(), y[a:b].numpy())
+            bounds = reference_bounds(n, size)
+            ys = {q: y[a:b].numpy() for q, (a, b) in enumerate(bounds)}
+            for rank, (a, b) in enumerate(bounds):
+                _check_shard(case, call, rank, shards[rank][i], x[a:b].numpy(), ys)
                 _check_received(call, rank, root, shards[rank][i]["received"],
                                 shard=(b - a) * (int(np.prod(shape)) + 1), size=size)
 
 
-def _check_shard(case, call, rank, got, xs, ys):
+def _check_shard(case, call, rank, got, xs, all_ys):
+    ys = all_ys[rank]
     if got["types"] != [f"torch.{xs.dtype}", f"torch.{ys.dtype}"]:
         fail(case if case in ("scatter-empty", "scatter-float64") else "scatter-type", f"{call}: rank {rank} returned a shard of types {got['types']}; "
                              f"return slices of x and y: torch tensors of x's and y's dtypes "
                              f"(torch.{xs.dtype}, torch.{ys.dtype})")
     if got["y"].shape != ys.shape or not np.array_equal(got["y"], ys):
         fail(case, f"{call}: rank {rank} received samples {got['y'].tolist()}, expected "
-                   f"{ys.tolist()}")
+                   f"{ys.tolist()}.{held_by(got['y'], all_ys, rank)}")
     assert_close(got["x"], xs, f"{call}: the x shard", rank, 0, 0, case=case)
 
 

@@ -172,7 +172,7 @@ def replay(outs, config):
     before = [{k: v for k, v in rank0["init"].items() if k in names}] + rank0["trajectory"]
     opt, schedule = tricks.make_optimizer(model, config.batch_size, config.epochs * steps,
                                           lr=config.lr, weight_decay=config.weight_decay)
-    ema, current = ORIGINAL["EMA"](model, config.ema_momentum), copy.deepcopy(model)
+    ema = replay_ema(outs, config)
     batches = [[o["epochs"][e][i] for o in outs] for e in range(len(rank0["epochs"]))
                for i in range(steps)]
     after = []
@@ -186,10 +186,26 @@ def replay(outs, config):
         opt.step()
         schedule.step()
         after.append(params(model))
-        if (step + 1) % config.ema_every == 0:
-            _load(current, (rank0["trajectory"] + [rank0["final"]])[step])
-            ema.update(current)
-    return after, params(ema.model)
+    return after, ema
+
+
+def replay_ema(outs, config, lag=0):
+    """The EMA model's parameters: built from rank 0's starting model and updated with rank
+    0's parameters after steps ``ema_every``, ``2 * ema_every``, ... (``lag`` 1: with those
+    before each of these steps, i.e. one step behind)."""
+    rank0 = outs[0]
+    init = {k: torch.from_numpy(v) for k, v in rank0["init"].items()}
+    model = ORIGINAL["ResNetBagOfTricks"](init["whiten.weight"], width=config.width,
+                                          ghost_size=config.ghost_size)
+    model.load_state_dict(init)
+    names = dict(model.named_parameters())
+    states = ([{k: v for k, v in rank0["init"].items() if k in names}] + rank0["trajectory"]
+              + [rank0["final"]])                    # states[s]: after step s
+    ema, current = ORIGINAL["EMA"](model, config.ema_momentum), copy.deepcopy(model)
+    for step in range(config.ema_every, len(states), config.ema_every):
+        _load(current, states[step - lag])
+        ema.update(current)
+    return params(ema.model)
 
 
 def _load(model, arrays):
@@ -244,7 +260,10 @@ def _check_ema(run):
                  f"after {steps} steps must be those of single-process training's EMA "
                  f"(T.EMA(model, config.ema_momentum) built from the starting model, "
                  f"ema.update(model) after steps {want_steps}, each after opt.step())", 0,
-                 atol=2e-5, rtol=2e-4, case="train-ema")
+                 atol=2e-5, rtol=2e-4, case="train-ema", mistakes={
+                     "one step behind: these are the weights of an EMA updated with the "
+                     "parameters from BEFORE each of those optimizer steps. Update the EMA "
+                     "after opt.step().": lambda: replay_ema(outs, config, lag=1)})
 
 
 def _check_validates(run):

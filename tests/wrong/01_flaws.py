@@ -53,6 +53,15 @@ FLAWS = [
          patch=(("    if comm.Get_rank() == root:\n", "    if comm.Get_rank() == 0:\n"),
                 ("    return comm.scatter(pieces, root=root)\n",
                  "    return comm.scatter(pieces, root=0)\n"))),
+    Flaw("shards", "counted_from_root", clause="scatter", case="scatter-root",
+         why="numbers the shards from the root (the root keeps the first shard, the next rank "
+             "the second, ...): right with root=0, every rank holds another's otherwise.",
+         expect="Likely cause: rank 0 holds what rank 1 should hold",
+         patch=(("    return comm.scatter(pieces, root=root)\n",
+                 "    if pieces is not None:\n"
+                 "        size = comm.Get_size()\n"
+                 "        pieces = [pieces[(r - root) % size] for r in range(size)]\n"
+                 "    return comm.scatter(pieces, root=root)\n"),)),
     Flaw("shards", "shuffled_first", clause="scatter", case="scatter-shard",
          why="shuffles the samples on root before cutting them (as a DistributedSampler would): "
              "every rank gets the right number of samples, but not its shard x[start:stop].",

@@ -284,7 +284,7 @@ FLAWS = [
     Flaw("train", "ema_before_step", clause="ema-steps", case="train-ema",
          why="updates the EMA model in TODO 4, before opt.step(): the average always lags the "
              "model by one step.",
-         expect="the EMA model's weights",
+         expect="Likely cause: one step behind",
          patch=((EMA_UPDATE, ""),
                 ("                    p.grad /= world_size\n            opt.step()\n",
                  "                    p.grad /= world_size\n"
