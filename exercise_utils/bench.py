@@ -83,6 +83,29 @@ def load_warning(rows, key="others", cores=None, limit=0.25):
             f"programs (or wait for them) and run the cell again.")
 
 
+def record_load(rows, load, cores=None):
+    """``rows`` (dicts, returned) with ``"others"``: the cores other processes kept busy while
+    they were measured (``load``: a finished :class:`OtherLoad`), and ``"cores"``: the
+    machine's (kept where a row has them already)."""
+    for row in rows:
+        row.setdefault("others", load.cores)
+        row.setdefault("cores", cores or os.cpu_count())
+    return rows
+
+
+def load_note(rows, key="others", limit=0.25):
+    """The lines a table of timings ends with (or "" for rows without a load record): the
+    cores, how many of them other processes kept busy meanwhile, and :func:`load_warning`'s
+    warning when that was more than ``limit``."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    if not values:
+        return ""
+    cores = max((r.get("cores") or 0 for r in rows), default=0) or os.cpu_count()
+    warning = load_warning(rows, key, cores, limit)
+    return (f"\nmeasured on {cores} cores; other processes kept up to {max(values):.1f} of them "
+            f"busy meanwhile" + (f"\n{warning}" if warning else ""))
+
+
 def format_table(rows, columns, formats=None):
     """Return rows (dicts) as an aligned text table.
 
@@ -194,17 +217,19 @@ def gather_rows(rows, args, world, start):
 def torchrun_rows(module, world_sizes, out, args, timeout, echo=True, threads=1, env=None):
     """Launch ``python -m module`` under torchrun once per world size (``args`` then
     ``--threads`` and ``--out`` a part file per launch), collect every launch's rows and write
-    them all to ``out``; return them. Used by :func:`gather_rows`'s benchmarks."""
+    them all to ``out``; return them, each with its launch's load record (:func:`record_load`).
+    Used by :func:`gather_rows`'s benchmarks."""
     from . import launch
     out, rows = Path(out), []
     for world in world_sizes:
         part = out.with_name(f"{out.stem}_{world}{out.suffix}")
         part.unlink(missing_ok=True)
-        launch.torchrun(module, world, [*args, "--threads", threads, "--out", part],
-                        extra=["-m"], env=env, timeout=timeout, echo=echo,
-                        threads_per_process=threads,
-                        what=f"`torchrun --nproc-per-node {world} -m {module}`")
-        rows += load_json(part)["rows"]
+        with OtherLoad() as load:
+            launch.torchrun(module, world, [*args, "--threads", threads, "--out", part],
+                            extra=["-m"], env=env, timeout=timeout, echo=echo,
+                            threads_per_process=threads,
+                            what=f"`torchrun --nproc-per-node {world} -m {module}`")
+        rows += record_load(load_json(part)["rows"], load)
         part.unlink()
     save_json(out, rows)
     return rows

@@ -103,3 +103,41 @@ def test_other_load_counts_other_processes_and_not_ours():
     assert load_warning([{"others": quiet.cores}]) == ""
     assert f"kept up to {busy.cores:.1f} of the 2 cores" in load_warning([{"others": busy.cores}],
                                                                       cores=2)
+
+
+def test_tables_of_timings_end_with_the_load_record():
+    """bench.record_load / load_note: every row gets the cores others kept busy and the
+    machine's cores; the tables of notebooks 02 to 09's timings end with a line saying so, and
+    with the warning where others kept more than a quarter of a core busy."""
+    from types import SimpleNamespace
+
+    from exercise_utils.bench import load_note, record_load
+    from exercise_utils.bonus_fsdp import bench as fsdp_bench
+    from exercise_utils.bonus_powersgd import experiments as psgd
+    from exercise_utils.shared_memory_hogwild import experiments as hogwild
+    from exercise_utils.torch_distributed_collectives import bench as ring_bench
+
+    rows = record_load([{"run": "a"}, {"run": "b", "cores": 8}], SimpleNamespace(cores=0.1),
+                       cores=2)
+    assert [(r["others"], r["cores"]) for r in rows] == [(0.1, 2), (0.1, 8)]
+    quiet = load_note(rows)
+    assert "measured on 8 cores; other processes kept up to 0.1 of them busy" in quiet
+    assert "WARNING" not in quiet
+    busy = load_note(record_load([{"run": "c"}], SimpleNamespace(cores=1.6), cores=2))
+    assert "kept up to 1.6 of them busy" in busy and "cannot be trusted" in busy, busy
+    assert load_note([{"run": "d"}]) == ""                    # rows without a record
+
+    load = SimpleNamespace(cores=1.2)
+    hog = record_load([{"run": "2x1", "procs": 2, "threads": 1, "busy_threads": 2, "cores": 2,
+                        "startup_s": 1.0, "epoch_s": 2.0, "speedup": 1.0, "accuracy": 0.8}], load)
+    ring = record_load([{"kib": 4, "bytes": 4096, "procs": 2, "ring_ms": 1.0,
+                         "all_reduce_ms": 1.0, "ratio": 1.0}], load)
+    psgd_rows = record_load([{"method": "uncompressed", "rank": 0, "accuracy": 0.9,
+                              "bytes_per_worker": 1e6, "compression": 1.0, "train_s": 3.0}], load)
+    fsdp_rows = record_load([{"variant": v, "world_size": 2, "state_mb": 1.0, "peak_mb": 2.0,
+                              "step_ms": 3.0, "loss": 0.5, "param_mb": 1.0}
+                             for v in fsdp_bench.VARIANTS], load)
+    for text in (hogwild.table(hog), ring_bench.ring_table(ring), psgd.table(psgd_rows),
+                 fsdp_bench.table(fsdp_rows)):
+        assert "other processes kept up to 1.2 of them busy" in text, text
+        assert text.rstrip().endswith("run the cell again."), text

@@ -231,9 +231,10 @@ FORMATS = {"model_mb": ".1f", "state_mb": ".1f", "peak_mb": ".1f", "peak_vs_fsdp
 
 
 def table(rows):
-    """Text table of :func:`summary` (largest rank per variant and world size)."""
-    from ..bench import format_table
-    return format_table(summary(rows), COLUMNS, FORMATS)
+    """Text table of :func:`summary` (largest rank per variant and world size), with the
+    load record."""
+    from ..bench import format_table, load_note
+    return format_table(summary(rows), COLUMNS, FORMATS) + load_note(rows)
 
 
 def plot(rows, path="results/09_fsdp_bench.png"):

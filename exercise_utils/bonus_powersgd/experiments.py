@@ -214,10 +214,12 @@ def run(student="work/08_powersgd.py", ranks=RANKS, workers=WORKERS, out=None, e
         out.unlink()
     args = ["--student", str(student), "--ranks", *map(str, ranks), "--threads", str(THREADS),
             "--out", str(out), *map(str, extra)]
-    launch.torchrun(__name__, workers, args, extra=["-m"], timeout=timeout, echo=echo,
-                    threads_per_process=THREADS,
-                    what=f"`torchrun --nproc-per-node {workers} -m {__name__}`")
-    return json.loads(out.read_text())["rows"]
+    from ..bench import OtherLoad, record_load
+    with OtherLoad() as load:
+        launch.torchrun(__name__, workers, args, extra=["-m"], timeout=timeout, echo=echo,
+                        threads_per_process=THREADS,
+                        what=f"`torchrun --nproc-per-node {workers} -m {__name__}`")
+    return record_load(json.loads(out.read_text())["rows"], load)
 
 
 def _label(row):
@@ -230,10 +232,10 @@ FORMATS = {"accuracy": ".4f", "mb": ".3f", "compression": ".1f", "train_s": ".1f
 
 
 def table(rows):
-    """Text table of :func:`run`'s rows."""
-    from ..bench import format_table
+    """Text table of :func:`run`'s rows, with the load record."""
+    from ..bench import format_table, load_note
     return format_table([{**r, "run": _label(r), "mb": r["bytes_per_worker"] / 1e6}
-                         for r in rows], COLUMNS, FORMATS)
+                         for r in rows], COLUMNS, FORMATS) + load_note(rows)
 
 
 def plot(rows, path="results/08_powersgd.png"):

@@ -190,9 +190,9 @@ FORMATS = {"state_mb": ".2f", "state_min_mb": ".2f", "state_vs_adam": ".2f", "rs
 
 
 def table(rows):
-    """Text table of :func:`summary`."""
-    from ..bench import format_table
-    return format_table(summary(rows), COLUMNS, FORMATS)
+    """Text table of :func:`summary`, with the load record."""
+    from ..bench import format_table, load_note
+    return format_table(summary(rows), COLUMNS, FORMATS) + load_note(rows)
 
 
 def plot(rows, path="results/07_zero_bench.png"):

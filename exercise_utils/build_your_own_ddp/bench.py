@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..bench import pyplot, save_figure
+from ..bench import OtherLoad, pyplot, record_load, save_figure
 from ..config import quick
 
 WIDTH = quick(512, 64)          # features of each hidden layer (Linear width x width)
@@ -223,10 +223,12 @@ def run(work="work/06_myddp.py", out="results/06_ddp_bench.json", extra=(), echo
     out = Path(out)
     out.unlink(missing_ok=True)
     args = ["--work", str(work), "--threads", str(THREADS), "--out", str(out), *map(str, extra)]
-    res = launch.torchrun(__name__, 2, args, extra=["-m"], timeout=timeout, echo=echo,
-                          threads_per_process=THREADS,
-                          what=f"`torchrun --nproc-per-node 2 -m {__name__}`")
-    return [dict(r, wall_s=res.seconds) for r in json.loads(out.read_text())["rows"]]
+    with OtherLoad() as load:
+        res = launch.torchrun(__name__, 2, args, extra=["-m"], timeout=timeout, echo=echo,
+                              threads_per_process=THREADS,
+                              what=f"`torchrun --nproc-per-node 2 -m {__name__}`")
+    return record_load([dict(r, wall_s=res.seconds) for r in json.loads(out.read_text())["rows"]],
+                       load)
 
 
 def with_ratios(rows):
@@ -255,8 +257,8 @@ FORMATS = {"step_ms": ".1f", "vs_torch": ".2f", "vs_torch_same_cap": ".2f", "com
 
 def table(rows):
     """Text table of the rows with their ratios to torch DDP (see :func:`with_ratios`)."""
-    from ..bench import format_table
-    return format_table(with_ratios(rows), COLUMNS, FORMATS)
+    from ..bench import format_table, load_note
+    return format_table(with_ratios(rows), COLUMNS, FORMATS) + load_note(rows)
 
 
 def plot(rows, path="results/06_ddp_bench.png"):

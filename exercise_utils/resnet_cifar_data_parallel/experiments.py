@@ -11,13 +11,15 @@ communicates (one all-reduce per parameter tensor, as in the exercise) in 2 gloo
 Used in 04_resnet_cifar_data_parallel.
 """
 import argparse
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from .. import launch
-from ..bench import format_table, load_json, pyplot, save_figure, save_json
+from ..bench import (OtherLoad, format_table, load_json, load_note, pyplot, save_figure,
+                     save_json)
 from ..config import quick
 
 TIMEOUT = quick(300, 120)    # seconds before a training launch is declared hung and killed
@@ -40,10 +42,12 @@ def run(script, world_size, results, preset="cpu", echo=True, timeout=TIMEOUT, *
     flags = [f for k, v in settings.items() for f in ("--" + k.replace("_", "-"), str(v))]
     cmd = [sys.executable, str(script), "--world-size", str(world_size), "--preset", preset,
            "--results", str(results), *flags]
-    launch.run(cmd, timeout=timeout, echo=echo, nprocs=world_size,
-               what=f"{script} with {world_size} rank(s)")
+    with OtherLoad() as load:
+        launch.run(cmd, timeout=timeout, echo=echo, nprocs=world_size,
+                   what=f"{script} with {world_size} rank(s)")
     record = load_json(results)
-    return {**record["summary"], "config": record["config"]}
+    return {**record["summary"], "config": record["config"], "others": load.cores,
+            "cores": os.cpu_count()}
 
 
 def compare(script, runs=RUNS, preset="cpu", folder="results/04", **settings):
@@ -60,7 +64,8 @@ def rows(summaries):
         last = s["epochs"][-1]
         out.append(dict(ranks=s["world_size"], device=s["device"], batch=s["batch_size"],
                         minibatch=s["minibatch_size"], steps=s["minibatches_per_epoch"],
-                        epoch_s=last["time_s"], loss=last["train_loss"], accuracy=last["val_acc"]))
+                        epoch_s=last["time_s"], loss=last["train_loss"], accuracy=last["val_acc"],
+                        others=s.get("others"), cores=s.get("cores")))
     for r in out:
         r["speed"] = out[0]["epoch_s"] / r["epoch_s"]
     return out
@@ -73,8 +78,9 @@ FORMATS = {"epoch_s": ".1f", "speed": ".2f", "loss": ".3f", "accuracy": ".3f"}
 
 
 def table(summaries):
-    """The measured runs as a text table (last epoch)."""
-    return format_table(rows(summaries), COLUMNS, FORMATS)
+    """The measured runs as a text table (last epoch), with the load record."""
+    measured = rows(summaries)
+    return format_table(measured, COLUMNS, FORMATS) + load_note(measured)
 
 
 def seed_table():

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .. import launch
-from ..bench import format_table, load_json, pyplot
+from ..bench import OtherLoad, format_table, load_json, load_note, pyplot, record_load
 from ..config import quick
 
 TIMEOUT = quick(480, 240)    # seconds before a training launch is declared hung and killed
@@ -31,9 +31,10 @@ def run(runs=RUNS, work="work", out="results/02_hogwild.json", extra=(), echo=Tr
         out.unlink()
     script = f"{__package__}.train"
     cmd = [sys.executable, "-m", script, "--work", work, "--runs", *runs, "--out", out, *extra]
-    launch.run(cmd, timeout=timeout, echo=echo,
-               what=f"`python -m {script} --runs {' '.join(runs)}`")
-    rows = load_json(out)["rows"]
+    with OtherLoad() as load:
+        launch.run(cmd, timeout=timeout, echo=echo,
+                   what=f"`python -m {script} --runs {' '.join(runs)}`")
+    rows = record_load(load_json(out)["rows"], load)
     for row in rows:
         row["speedup"] = rows[0]["epoch_s"] / row["epoch_s"] if row["epoch_s"] else None
     return rows
@@ -46,8 +47,9 @@ FORMATS = {"startup_s": ".1f", "epoch_s": ".2f", "speedup": ".2f", "accuracy": "
 
 
 def table(rows):
-    """Format :func:`run` rows as a text table (processes 0 = serial, in the launched process)."""
-    return format_table(rows, COLUMNS, FORMATS)
+    """Format :func:`run` rows as a text table (processes 0 = serial, in the launched process),
+    with the load record (:func:`..bench.load_note`)."""
+    return format_table(rows, COLUMNS, FORMATS) + load_note(rows)
 
 
 def plot(rows, path="results/02_hogwild.png"):

@@ -24,7 +24,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from .. import launch
-from ..bench import format_table, line_plot, load_json, save_json
+from ..bench import (OtherLoad, format_table, line_plot, load_json, load_note, record_load,
+                     save_json)
 from ..config import quick
 
 # Settings (each overridable on the command line, e.g. --repeats 20).
@@ -147,15 +148,16 @@ def run_ring_benchmark(work="work", procs=PROCS, out=OUT, extra=(), echo=True, t
     if out.exists():
         out.unlink()
     try:
-        launch.torchrun(__name__, procs, ["--work", str(work), "--out", str(out), *extra],
-                        extra=("--module",), timeout=timeout, echo=echo,
-                        what=f"`torchrun --nproc-per-node {procs} -m {__name__}`")
+        with OtherLoad() as load:
+            launch.torchrun(__name__, procs, ["--work", str(work), "--out", str(out), *extra],
+                            extra=("--module",), timeout=timeout, echo=echo,
+                            what=f"`torchrun --nproc-per-node {procs} -m {__name__}`")
     except launch.LaunchError as err:
         why = sorted({ln[ln.index(MARK):] for ln in err.output.splitlines() if MARK in ln})
         if not why:
             raise
         raise RuntimeError("the ring benchmark stopped: " + "; ".join(why)) from None
-    return load_json(out)["rows"]
+    return record_load(load_json(out)["rows"], load)
 
 
 def run_on_hosts(work="work", hosts=3, rate="100mbit", sizes_kib=NETWORK_SIZES_KIB,
@@ -210,8 +212,8 @@ FORMATS = {"ring_ms": ".3f", "all_reduce_ms": ".3f", "ring_busbw": ".3f",
 
 
 def ring_table(rows):
-    """Format :func:`run_ring_benchmark` rows as a text table."""
-    return format_table(rows, COLUMNS, FORMATS)
+    """Format :func:`run_ring_benchmark` rows as a text table, with the load record."""
+    return format_table(rows, COLUMNS, FORMATS) + load_note(rows)
 
 
 def plot_ring(rows, path=PLOT):
