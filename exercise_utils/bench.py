@@ -220,8 +220,9 @@ def torchrun_rows(module, world_sizes, out, args, timeout, echo=True, threads=1,
     them all to ``out``; return them, each with its launch's load record (:func:`record_load`).
     Used by :func:`gather_rows`'s benchmarks."""
     from . import launch
+    from .display import runs
     out, rows = Path(out), []
-    for world in world_sizes:
+    for world in runs(world_sizes, f"{module.rsplit('.', 2)[-2]} benchmark"):
         part = out.with_name(f"{out.stem}_{world}{out.suffix}")
         part.unlink(missing_ok=True)
         with OtherLoad() as load:

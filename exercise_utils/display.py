@@ -164,6 +164,104 @@ def summary(name, launches, seconds):
     return f"✓ {name}: all checks passed ({runs}{ranks}, {seconds:.1f} s)"
 
 
+def live(shell=None):
+    """Where progress can be shown: ``"kernel"`` (a Jupyter kernel, not nbgrader's
+    autograder), ``"tty"`` (a terminal on stderr) or None (pytest, a log file, nbgrader, or
+    ``DTFS_PROGRESS=0``)."""
+    if os.environ.get("DTFS_PROGRESS") == "0":
+        return None
+    if shell is None and "IPython" in sys.modules:
+        from IPython import get_ipython
+        shell = get_ipython()
+    if shell is not None and getattr(shell, "kernel", None) is not None:
+        return None if os.environ.get("NBGRADER_EXECUTION") else "kernel"
+    return "tty" if sys.stderr.isatty() else None
+
+
+MARK = "@dtfs-progress "     # a rank's progress line for its launcher's bar (:class:`Marks`)
+
+
+class Marks:
+    """In a rank (rank 0 of a training run): progress for the launcher's ``tqdm`` bar, one
+    line ``@dtfs-progress {"what", "done", "total"}`` at most every ``every`` seconds and at
+    the end of each stage (an epoch). Printed only where the launcher asked for it
+    (:func:`exercise_utils.launch.run` sets ``DTFS_MARKS=1`` when it shows bars): run by hand,
+    a script prints nothing more. ``marks = Marks(enabled=rank == 0)``, then
+    ``marks.stage("epoch 1/3", steps)`` and ``marks.update(step)`` after each step."""
+
+    def __init__(self, enabled=True, every=0.5):
+        self.on = enabled and os.environ.get("DTFS_MARKS") == "1"
+        self.every = every
+        self.what, self.total, self.last = "", 0, 0.0
+
+    def stage(self, what, total):
+        self.what, self.total = what, int(total)
+        self._print(0)
+        self.last = time.monotonic()
+
+    def update(self, done):
+        now = time.monotonic()
+        if self.on and (done >= self.total or now - self.last >= self.every):
+            self.last = now
+            self._print(done)
+
+    def _print(self, done):
+        if self.on:
+            import json
+            print(MARK + json.dumps({"what": self.what, "done": int(done),
+                                     "total": self.total}), flush=True)
+
+
+class Bars:
+    """In the launcher: a ``tqdm.auto`` bar (a widget in Jupyter, a line on a terminal) drawn
+    from its ranks' :class:`Marks`; :meth:`feed` takes every output line and says whether it
+    was a mark (marks are never printed nor kept in the output). The bar is removed at the
+    end (``close``): what stays are the ranks' own lines, e.g. each epoch's."""
+
+    def __init__(self):
+        self.bar = None
+
+    @staticmethod
+    def wanted():
+        return live() is not None
+
+    def feed(self, line):
+        at = line.find(MARK)
+        if at < 0:
+            return False
+        import json
+        try:
+            mark = json.loads(line[at + len(MARK):])
+            what, done, total = str(mark["what"]), int(mark["done"]), int(mark["total"])
+        except (ValueError, KeyError, TypeError):
+            return True
+        if self.bar is None:
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=total, desc=what, leave=False, unit="step",
+                            dynamic_ncols=True)
+        elif self.bar.desc != what or self.bar.total != total:
+            self.bar.reset(total=total)
+            self.bar.set_description(what, refresh=False)
+        self.bar.n = done
+        self.bar.refresh()
+        return True
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def runs(items, what):
+    """``items`` with a ``tqdm.auto`` bar over them where progress shows (:func:`live`): the
+    runs of a long experiment (e.g. 1, 2 and 4 processes), one step of the bar each."""
+    items = list(items)
+    if live() is None or len(items) < 2:
+        return items
+    from tqdm.auto import tqdm
+    return tqdm(items, desc=what, unit="run", leave=False, dynamic_ncols=True)
+
+
 class Progress:
     """One line that says what a running check does, updated in place: in a Jupyter kernel a
     display that is rewritten (and emptied at the end, so that a passed check leaves one
@@ -172,18 +270,11 @@ class Progress:
 
     def __init__(self):
         self.handle, self.tty, self.shown, self.last = None, False, "", 0.0
-        shell = None
-        if "IPython" in sys.modules:
-            from IPython import get_ipython
-            shell = get_ipython()
-        if os.environ.get("DTFS_PROGRESS") == "0":
-            return
-        if shell is not None and getattr(shell, "kernel", None) is not None \
-                and not os.environ.get("NBGRADER_EXECUTION"):
+        where = live()
+        if where == "kernel":
             from IPython.display import display
             self.handle = display({"text/plain": ""}, raw=True, display_id=True)
-        else:
-            self.tty = sys.stderr.isatty()
+        self.tty = where == "tty"
 
     def update(self, text, force=False):
         now = time.monotonic()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from . import sandbox
+from . import display, sandbox
 from .processes import TAG, cleanup, die_with_parent, remember_children
 HANG_HINT = ("A distributed program that hangs is almost always waiting in a collective "
              "(Bcast, Allreduce, barrier, ...) that another rank never called, or called "
@@ -183,9 +183,11 @@ class AgentReport:
         return not self.hiding
 
 
-def _pump(proc, sel, lines, echo, partial, wait):
+def _pump(proc, sel, lines, echo, partial, wait, bars=None):
     """Read whatever output is ready within ``wait`` seconds; return False at EOF. ``echo``:
-    print each line, or a callable that says which lines to print (e.g. :class:`AgentReport`)."""
+    print each line, or a callable that says which lines to print (e.g. :class:`AgentReport`).
+    A rank's progress mark (:class:`.display.Marks`) goes to ``bars`` (a
+    :class:`.display.Bars`), never to the output."""
     for key, _ in sel.select(timeout=wait):
         chunk = os.read(key.fd, 65536)
         if not chunk:
@@ -195,6 +197,10 @@ def _pump(proc, sel, lines, echo, partial, wait):
         *done, rest = text.split("\n")
         partial.append(rest)
         for line in done:
+            if display.MARK in line:
+                if bars is not None:
+                    bars.feed(line)
+                continue
             lines.append(line)
             if echo and (echo is True or echo(line)):
                 print(line, flush=True)
@@ -241,6 +247,9 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if threads_per_process or var not in os.environ:
             full_env[var] = str(threads)
+    bars = display.Bars() if echo and display.Bars.wanted() else None
+    if bars is not None:
+        full_env["DTFS_MARKS"] = "1"                  # the ranks' progress for the bar
     lines, partial = [], [""]
     start = time.monotonic()
     proc = subprocess.Popen(cmd if sandboxed else sandbox.wrap(cmd, cwd), stdout=subprocess.PIPE,
@@ -260,14 +269,17 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
             if verdict is not None:
                 status = "early" if verdict == "done" else verdict
                 break
-            open_ = _pump(proc, sel, lines, echo, partial, 0.2) if open_ else (time.sleep(0.2) or False)
+            open_ = (_pump(proc, sel, lines, echo, partial, 0.2, bars) if open_
+                     else (time.sleep(0.2) or False))
             remember_children(seen)
         else:
             end = time.monotonic() + 1.0
             while open_ and time.monotonic() < end:
-                open_ = _pump(proc, sel, lines, echo, partial, 0.1)
+                open_ = _pump(proc, sel, lines, echo, partial, 0.1, bars)
             status = "done"
     finally:
+        if bars is not None:
+            bars.close()
         killed = cleanup(proc, tag, seen)
         if partial[0]:
             lines.append(partial[0])

@@ -1,7 +1,7 @@
 """The README's Colab set-up cell, in a stand-in for Colab (issue 26, part 7).
 
 The stand-in is what Colab gives a student: a fresh Python environment that already has torch,
-torchvision, numpy, matplotlib and ipykernel (linked from the course's own environment, so no
+torchvision, numpy, matplotlib, ipykernel and ipywidgets (linked from the course's own environment, so no
 5 GB download) and nothing of the course (no ``exercise_utils``, mpi4py, mpich, JupyterLab or
 nbgrader). A kernel of that environment, started in a folder outside the repository, runs
 
@@ -27,8 +27,8 @@ import pytest
 from grading import graded_only
 
 ROOT = Path(__file__).resolve().parents[1]
-COLAB_HAS = ["torch", "torchvision", "numpy", "matplotlib", "ipykernel", "psutil", "tqdm",
-             "PyYAML"]
+COLAB_HAS = ["torch", "torchvision", "numpy", "matplotlib", "ipykernel", "ipywidgets", "psutil",
+             "tqdm", "PyYAML"]
 
 
 def readme_cell():

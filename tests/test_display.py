@@ -6,6 +6,7 @@ on the class, and in a real kernel (nbclient). The blank notebooks' CHECK cells 
 the same in every notebook's autograde test (``grading.assert_failures_are_short``).
 """
 import json
+import sys
 import textwrap
 
 import nbformat
@@ -156,3 +157,67 @@ def test_torchruns_failure_report_is_hidden_from_the_live_output(tmp_path, capsy
     assert "torchrun's failure report" in shown
     assert "ChildFailedError" in err.value.output            # nothing lost
     assert len(shown.splitlines()) < len(err.value.output.splitlines()) - 20
+
+
+MARKING = textwrap.dedent("""\
+    import time
+    from exercise_utils.display import Marks
+    marks = Marks(every=0.0)
+    for epoch in (1, 2):
+        marks.stage(f"epoch {epoch}/2", 3)
+        for step in (1, 2, 3):
+            time.sleep(0.05)
+            marks.update(step)
+        print(f"epoch {epoch} done", flush=True)
+    """)
+
+
+def test_marks_print_only_for_a_launcher_that_shows_bars(monkeypatch, capsys):
+    """A rank's progress marks: nothing unless the launcher asked (DTFS_MARKS=1); then one
+    JSON line per update, rate-limited, always at a stage's end; off for other ranks."""
+    monkeypatch.delenv("DTFS_MARKS", raising=False)
+    display.Marks().stage("epoch 1/1", 2)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("DTFS_MARKS", "1")
+    display.Marks(enabled=False).stage("epoch 1/1", 2)
+    assert capsys.readouterr().out == ""
+    marks = display.Marks(every=60)
+    marks.stage("epoch 1/1", 3)
+    for step in (1, 2, 3):
+        marks.update(step)                 # 1 and 2 within the minute: not printed; 3: the end
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(ln[len(display.MARK):]) for ln in lines] == [
+        {"what": "epoch 1/1", "done": 0, "total": 3}, {"what": "epoch 1/1", "done": 3, "total": 3}]
+
+
+def test_a_launch_turns_its_ranks_marks_into_a_bar_and_never_prints_them(monkeypatch, capsys):
+    fed = []
+    monkeypatch.setattr(display.Bars, "wanted", staticmethod(lambda: True))
+    monkeypatch.setattr(display.Bars, "feed",
+                        lambda self, line: fed.append(line) if display.MARK in line else None)
+    res = launch.run([sys.executable, "-c", MARKING], timeout=120)
+    out = capsys.readouterr().out
+    assert display.MARK not in out and display.MARK not in res.output
+    assert out.splitlines() == ["epoch 1 done", "epoch 2 done"] == res.output.splitlines()
+    marks = [json.loads(line[line.index(display.MARK) + len(display.MARK):]) for line in fed]
+    assert marks[0] == {"what": "epoch 1/2", "done": 0, "total": 3}
+    assert marks[-1] == {"what": "epoch 2/2", "done": 3, "total": 3} and len(marks) == 8
+    fed.clear()
+    monkeypatch.setattr(display.Bars, "wanted", staticmethod(lambda: False))
+    res = launch.run([sys.executable, "-c", MARKING], timeout=120)   # no bar: no marks made
+    assert fed == [] and display.MARK not in res.output
+
+
+@pytest.mark.timeout(300)
+def test_in_a_kernel_a_launch_shows_a_tqdm_bar_and_only_the_ranks_lines():
+    cells = ["from exercise_utils import launch\nimport sys",
+             f"launch.run([sys.executable, '-c', {MARKING!r}], timeout=120)"
+             "\nprint('after')"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    NotebookClient(nb, timeout=240, kernel_name="python3").execute()
+    outputs = nb.cells[1].outputs
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert text == "epoch 1 done\nepoch 2 done\nafter\n", outputs
+    widgets = [o for o in outputs if o.output_type == "display_data"
+               and "application/vnd.jupyter.widget-view+json" in o.data]
+    assert widgets, outputs                  # tqdm.auto's bar: a widget in Jupyter

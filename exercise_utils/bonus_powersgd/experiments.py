@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ..bench import pyplot, save_figure
 from ..config import quick
+from ..display import Marks
 
 TRAIN_SIZE = quick(12000, 256)  # training examples shared by the workers
 TEST_SIZE = quick(5000, 256)    # test examples (rank 0 evaluates)
@@ -119,12 +120,14 @@ def train_one(args, method, r, student, train, test, rank, k, hidden=HIDDEN):
     loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=MOMENTUM)
     step, losses, start, step_times = 0, [], time.perf_counter(), []
+    marks = Marks(enabled=rank == 0)               # the notebook's progress bar
     with ByteCounter() as counter:
         for epoch in range(args.epochs):
             sampler.set_epoch(epoch)
             net.train()
             seen = torch.zeros(2)
-            for x, y in loader:
+            marks.stage(f"{method} r={r} epoch {epoch + 1}/{args.epochs}", len(loader))
+            for i, (x, y) in enumerate(loader, start=1):
                 began = time.perf_counter()
                 opt.zero_grad()
                 loss = F.nll_loss(model(x), y)
@@ -138,6 +141,7 @@ def train_one(args, method, r, student, train, test, rank, k, hidden=HIDDEN):
                 step_times.append(time.perf_counter() - began)
                 seen += torch.tensor([loss.item() * len(y), len(y)])
                 step += 1
+                marks.update(i)
             counter.original(seen)                 # bookkeeping: not counted
             losses.append(float(seen[0] / seen[1]))
     train_s = time.perf_counter() - start

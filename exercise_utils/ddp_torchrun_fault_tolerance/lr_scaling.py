@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..bench import pyplot, save_figure
 from ..config import quick
+from ..display import Marks, runs
 
 TRAIN_SIZE = quick(8000, 512)   # training examples shared by the workers
 TEST_SIZE = quick(10000, 500)   # test examples (rank 0 evaluates)
@@ -118,11 +119,13 @@ def train_one(args, seed, train, test, rank, k):
     opt = torch.optim.SGD(model.parameters(), lr=args.base_lr, momentum=args.momentum)
     step, losses, lrs = 0, [], []
     start = time.perf_counter()
+    marks = Marks(enabled=rank == 0)              # the notebook's progress bar
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)                  # a new shuffle each epoch, same on all ranks
         model.train()
         seen = torch.zeros(2)
-        for x, y in loader:
+        marks.stage(f"seed {seed} epoch {epoch + 1}/{args.epochs}", len(loader))
+        for i, (x, y) in enumerate(loader, start=1):
             lr = lr_at(step, **schedule)
             lrs.append(lr)
             for group in opt.param_groups:
@@ -133,6 +136,7 @@ def train_one(args, seed, train, test, rank, k):
             opt.step()
             seen += torch.tensor([loss.item() * len(y), len(y)])
             step += 1
+            marks.update(i)
         dist.all_reduce(seen)
         losses.append(float(seen[0] / seen[1]))
         if rank == 0:
@@ -213,16 +217,16 @@ def sweep(workers=WORKERS, seeds=SEEDS, warmup_epochs=WARMUP_EPOCHS, extra=(), e
         list[dict]: the rows of :func:`run`, each with ``setting`` ("1 worker", "seed: same lr",
         "linear + warm-up").
     """
-    rows = []
+    rows, plans = [], []
     for k in workers:
-        plans = [("none", 0.0, "1 worker")] if k == 1 else [
-            ("none", 0.0, "seed: same lr"), ("linear", warmup_epochs, "linear + warm-up")]
-        for rule, warm, setting in plans:
-            for row in run(k, rule, warm, seeds, extra=extra, echo=echo, timeout=timeout):
-                row["setting"] = setting
-                rows.append(row)
-                print(f"{setting:>16}, k={k}, seed {row['seed']}: accuracy "
-                      f"{row['accuracy']:.4f}", flush=True)
+        plans += [(k, "none", 0.0, "1 worker")] if k == 1 else [
+            (k, "none", 0.0, "seed: same lr"), (k, "linear", warmup_epochs, "linear + warm-up")]
+    for k, rule, warm, setting in runs(plans, "learning-rate sweep"):
+        for row in run(k, rule, warm, seeds, extra=extra, echo=echo, timeout=timeout):
+            row["setting"] = setting
+            rows.append(row)
+            print(f"{setting:>16}, k={k}, seed {row['seed']}: accuracy "
+                  f"{row['accuracy']:.4f}", flush=True)
     return rows
 
 

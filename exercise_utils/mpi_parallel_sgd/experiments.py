@@ -17,6 +17,7 @@ import psutil
 from .. import launch
 from ..bench import OtherLoad, format_table, line_plot, load_json, load_warning
 from ..config import quick
+from ..display import runs
 from ..processes import kill_processes
 
 TIMEOUT = quick(900, 60)    # seconds before a training run is declared hung and killed
@@ -51,7 +52,7 @@ def scaling(procs=(1, 2, 4), work="work", out_dir="results", extra=(), echo=True
     ``"others"`` the cores other processes kept busy during it.
     """
     rows = []
-    for n in procs:
+    for n in runs(procs, "scaling"):
         print(f"--- {n} process(es) ---", flush=True)
         r = run_training(n, "gradient", work, out_dir, extra, echo, threads=threads)
         rows.append({"procs": n, "threads": r["threads"], "cores": os.cpu_count(),

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from ..config import quick
+from ..display import Marks
 
 # Settings (each overridable on the command line, e.g. --epochs 5).
 DATASET = "auto"                    # mnist when present, else fashion-mnist (load_dataset)
@@ -106,9 +107,11 @@ def train(args, comm, work):
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     history, prev = [], None
+    marks = Marks(enabled=rank == 0)                # the notebook's progress bar
     for epoch in range(args.epochs):
         start, loss_sum, count = time.perf_counter(), 0.0, 0
         order = torch.randperm(len(x), generator=gen)
+        marks.stage(f"epoch {epoch + 1}/{args.epochs}", steps)
         for step in range(steps):
             idx = order[step * local_batch:(step + 1) * local_batch]
             opt.zero_grad()
@@ -118,6 +121,7 @@ def train(args, comm, work):
                 work["allreduce_sgd"].average_gradients(comm, model)
             opt.step()
             loss_sum, count = loss_sum + loss.item() * len(idx), count + len(idx)
+            marks.update(step + 1)
         seconds = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
         loss = work["convergence"].global_loss(comm, loss_sum, count)
         acc = accuracy(model, test_set.x, test_set.y) if rank == 0 else None
