@@ -391,6 +391,29 @@ def _reports(tmp, world_size, keys):
     return found
 
 
+def unimplemented(path):
+    """The functions and methods (``Class.method``) of the file at ``path`` whose body still
+    raises NotImplementedError (a statement of its own), in file order; [] if it does not
+    parse. Read as text, never run."""
+    import ast
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    found = []
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if any(isinstance(s, ast.Raise) and s.exc is not None and "NotImplementedError"
+                       in ast.unparse(s.exc) for s in child.body):
+                    found.append(prefix + child.name)
+    visit(tree, "")
+    return found
+
+
 def _raise_student_errors(reports, path, case=None):
     """Turn the first error a rank reported into a :class:`CheckFailure` for the student,
     charged to the case the rank was running (else ``case``)."""
@@ -403,9 +426,13 @@ def _raise_student_errors(reports, path, case=None):
     todo = list(dict.fromkeys(rep["where"] for _, rep in errors
                               if rep["type"] == "NotImplementedError"))
     if todo:
+        later = [name for name in unimplemented(path) if name not in todo
+                 and not any(w.endswith(f".{name}") or w == name.split(".")[-1] for w in todo)]
         raise CheckFailure(f"not implemented yet: {', '.join(todo)} in {path} still raise"
                              f"{'s' if len(todo) == 1 else ''} NotImplementedError. Replace the "
-                             f"`raise` line with your code, then run the %%writefile cell again.")
+                             f"`raise` line with your code, then run the %%writefile cell again."
+                             + (f" Still to do in the same file: {', '.join(later)}."
+                                if 0 < len(later) <= 3 else ""))     # (not a file's every stage)
     rank, rep = errors[0]
     running = rep.get("case") or case
     during = f" in check case '{running}'" if running else ""

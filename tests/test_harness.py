@@ -60,12 +60,31 @@ def test_the_recorder_records_every_public_form_of_a_collective(tmp_path):
 
 
 def test_not_implemented_yet(tmp_path):
+    """The function a rank found unimplemented, and the file's other unfinished ones (up to
+    three: a file with every stage still to do lists none)."""
     path = student(tmp_path, """
         def reduce(t):
             raise NotImplementedError()
+
+        def later(t):
+            # a later exercise
+            raise NotImplementedError("your code here")
+
+        class Later:
+            def step(self):
+                raise NotImplementedError
+
+        def done(t):
+            return t
         """)
-    with pytest.raises(AssertionError, match="not implemented yet: reduce"):
+    with pytest.raises(AssertionError, match="not implemented yet: reduce") as err:
         run_ranks(path, GLOO_SUM, 2, "gloo", timeout=60)
+    assert str(err.value).endswith("Still to do in the same file: later, Later.step.")
+    assert harness.unimplemented(path) == ["reduce", "later", "Later.step"]
+    many = tmp_path / "many.py"
+    many.write_text("".join(f"def f{i}():\n    raise NotImplementedError\n" for i in range(5)))
+    assert len(harness.unimplemented(many)) == 5
+    assert harness.unimplemented(tmp_path / "missing.py") == []
 
 
 def test_gloo_hang_is_reported_and_killed(tmp_path):
