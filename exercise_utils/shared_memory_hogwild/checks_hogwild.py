@@ -1,14 +1,14 @@
 """The Hogwild check of notebook 02 (``train_worker`` and ``hogwild``).
 
-:func:`check_hogwild` runs :func:`.probes.probe_hogwild` in a fresh process and judges what it
-recorded, most basic first, each verdict raised through :func:`~exercise_utils.contract.fail`
-with its case of the contract (:mod:`.requirements`): ``train_worker`` alone (its partition,
-set_epoch, threads, the model trained in place with plain SGD, in float32, float64 and on a
-model with frozen, unused and tied parameters and buffers), then ``hogwild`` with 3 workers
-(worker processes, partitions, started together, lock-free, threads, the caller's model
-trained, spawn), then a worker that raises (exit code 1) and one killed by SIGKILL (-9): a
-RuntimeError naming the rank and the exit code, raised only after every worker was joined;
-and ``threads=None``.
+:func:`check_hogwild` runs :func:`.probes.probe_hogwild`, a fresh launch per stage (no verdict
+runs beside the student's code), and judges what it recorded, most basic first, each verdict
+raised through :func:`~exercise_utils.contract.fail` with its case of the contract
+(:mod:`.requirements`): ``train_worker`` alone (its partition, set_epoch, threads, the model
+trained in place with plain SGD, in float32, float64 and on a model with frozen, unused and
+tied parameters and buffers), then ``hogwild`` with 3 workers (worker processes, partitions,
+started together, lock-free, threads, the caller's model trained, spawn), then a worker that
+raises (exit code 1) and one killed by SIGKILL (-9): a RuntimeError naming the rank and the
+exit code, raised only after every worker was joined; and ``threads=None``.
 
 Used in 02_shared_memory_hogwild.
 """
@@ -37,12 +37,16 @@ def check_hogwild(path, timeout=HOGWILD_TIMEOUT):
     """Check ``train_worker`` and ``hogwild`` of ``path``: partitions, epochs, threads, plain
     SGD in place on any model, worker processes started together and running lock-free on the
     shared model, and crashed or killed workers reported."""
-    res = run_ranks(path, probes.probe_hogwild, 1, "none", timeout=timeout,
-                    what="train_worker / hogwild", case="worker-partition")[0]
-    check_serial(res)
-    check_parallel(res)
-    check_crashes(res)
-    check_kill(res)
+    res = {}
+    for stage, case, verdict in (("serial", "worker-partition", check_serial),
+                                 ("hogwild", "hogwild-processes", check_parallel),
+                                 ("crash", "crash-exception", check_crashes),
+                                 ("kill", "crash-signal", check_kill)):
+        # a launch per stage: a stage runs only if the ones before it passed (they cost
+        # seconds), and no verdict runs beside the student's code
+        res.update(run_ranks(path, probes.probe_hogwild, 1, "none", {"stage": stage},
+                             timeout=timeout, what="train_worker / hogwild", case=case)[0])
+        verdict(res)
 
 
 # ---------------------------------------------------------------- train_worker alone
