@@ -9,10 +9,11 @@ Modules:
   what the checkers share;
 * ``shards``: ``shard_flat``'s sweep, run in a lone process;
 * ``probes``: what runs inside the ranks of ``check_zero2``'s launches (with the core's
-  ``exercise_utils.recorder`` logging every collective), on the models, data and
-  single-process references of ``nets``;
+  ``exercise_utils.recorder`` logging every collective), on the models and data of ``nets``;
 * ``probes_zero3``: the same for ``check_zero3`` and ``check_state_dict``;
-* ``nets``: those models, data and references;
+* ``nets``: those models and data;
+* ``references``: the judge's single-process references (computed in the checker, never in a
+  rank: hidden from the ranks at grading);
 * ``memory``: the bytes of the tensors a rank actually holds (probes and benchmark);
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;

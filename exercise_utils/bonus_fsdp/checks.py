@@ -38,7 +38,7 @@ import numpy as np
 
 from ..contract import fail
 from ..harness import HANG_AFTER, assert_close, check, run_ranks
-from . import nets, shards
+from . import nets, references, shards
 from .checks_zero3 import check_state_dict, check_zero3  # noqa: F401 - the CHECK cells' import
 from .launches import (ATOL, FIXED, FP32, RTOL, SHARDED, SLACK, TIGHT, kb, kinds, stage_results,
                        padded)
@@ -165,7 +165,7 @@ def check_zero2(path):
                              f"the parameters are those of SGD on the SUM of the {size} ranks' "
                              f"gradients: summed instead of averaged? Divide the reduce-"
                              f"scattered sum by the world size.":
-                             lambda: {n: p.detach().numpy() for n, p in nets.reference(
+                             lambda: {n: p.detach().numpy() for n, p in references.reference(
                                  size, nets.STEPS, grad_scale=size).named_parameters()}})
             _check_zero2_edge(size, rank, out)
             for step, rec in enumerate(out["steps"]):

@@ -1,13 +1,13 @@
-"""The models, data and single-process references of notebook 09's checks (used by the probes,
-in the ranks, and by the checkers for sizes).
+"""The models and data of notebook 09's checks (used by the probes, in the ranks, and by the
+checkers for sizes); the single-process references are the judge's (:mod:`.references`).
 
 :class:`Net` has what makes sharding hard: an embedding whose weight is tied to the output
 layer's, a frozen parameter (``blocks.2.gain``), a buffer (``shift``), units whose parameter
 counts need padding with 2 and 3 ranks (16,383 and 16,384 elements) and whose parameters
 autograd saves twice (weight and bias). Every rank builds it from the same seed; each trains on
-its own part (``LOCAL_BATCH`` rows) of a combined batch; the reference trains one copy on the
-combined batch in one process with ``torch.optim.SGD(**OPTIM)`` (momentum: state per
-parameter). The sweeps add the core's :class:`~exercise_utils.models.EdgeNet`
+its own part (``LOCAL_BATCH`` rows) of a combined batch; the reference (:mod:`.references`)
+trains one copy on the combined batch in one process with ``torch.optim.SGD(**OPTIM)``
+(momentum: state per parameter). The sweeps add the core's :class:`~exercise_utils.models.EdgeNet`
 (:func:`edge_model`: a tied weight used inside a unit and outside, frozen, unused, transposed and
 0-d parameters, BatchNorm buffers with an int64 counter float32 cannot hold) in float32 and
 float64.
@@ -16,7 +16,6 @@ Used in 09_bonus_fsdp.
 """
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..models import EdgeNet
 
@@ -94,22 +93,6 @@ def arrays(state):
     return {k: v.detach().cpu().numpy().copy() for k, v in state.items()}
 
 
-def reference(size, steps, start=None, grad_scale=1):
-    """One process on the combined batches: the model after ``steps`` steps (with
-    ``grad_scale``, every gradient multiplied by it: the replay of a known mistake)."""
-    model = make_model()
-    if start is not None:
-        model.load_state_dict(start)
-    opt = torch.optim.SGD(model.parameters(), **OPTIM)
-    first = 0 if start is None else STEPS
-    for step in range(first, first + steps):
-        opt.zero_grad()
-        x, y = combined(step, size)
-        (F.cross_entropy(model(x), y) * grad_scale).backward()
-        opt.step()
-    return model
-
-
 # ---------------------------------------------------------------- EdgeNet sweeps
 def edge_model(seed, dtype):
     """An :class:`EdgeNet` of ``dtype`` in eval mode (BatchNorm on its running statistics, so
@@ -135,24 +118,6 @@ def edge_local(step, micro, ctx, dtype):
     x, y = edge_combined(step, micro, ctx.size, dtype)
     part = slice(ctx.rank * EDGE_BATCH, (ctx.rank + 1) * EDGE_BATCH)
     return x[part], y[part]
-
-
-def edge_reference(size, dtype, micro=1, zero_fill=False):
-    """One process on the combined batches of ``EDGE_STEPS`` steps (``micro`` backward passes
-    each); ``zero_fill``: a trainable parameter without gradient gets zeros (Zero2's rule)."""
-    model = edge_model(0, dtype)
-    opt = torch.optim.SGD(model.parameters(), **OPTIM)
-    for step in range(EDGE_STEPS):
-        opt.zero_grad()
-        for m in range(micro):
-            x, y = edge_combined(step, m, size, dtype)
-            F.cross_entropy(model(x), y).backward()
-        if zero_fill:
-            for p in model.parameters():
-                if p.requires_grad and p.grad is None:
-                    p.grad = torch.zeros_like(p)
-        opt.step()
-    return model
 
 
 def edge_units(model):

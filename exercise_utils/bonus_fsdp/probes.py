@@ -39,8 +39,7 @@ import torch.nn.functional as F
 from ..rankworker import not_implemented
 from ..recorder import Recorder
 from .memory import alive_bytes, start
-from .nets import (EDGE_STEPS, OPTIM, STEPS, arrays, edge_local, edge_model, edge_reference,
-                   local, make_model, reference)
+from .nets import EDGE_STEPS, OPTIM, STEPS, arrays, edge_local, edge_model, local, make_model
 from .probes_zero3 import state_dict, zero3
 
 
@@ -76,8 +75,7 @@ def _zero2_net(student, ctx, rec):
         steps.append({"events": events, "grads_left": left, "alive": alive_bytes() - base})
     final = arrays(dict(model.named_parameters()))
     del opt
-    return {"steps": steps, "at_step": at_step, "final": final,
-            "ref": arrays(dict(reference(ctx.size, STEPS).named_parameters()))}
+    return {"steps": steps, "at_step": at_step, "final": final}
 
 
 def _zero2_edge(student, ctx, dtype):
@@ -88,8 +86,7 @@ def _zero2_edge(student, ctx, dtype):
         x, y = edge_local(step, 0, ctx, dtype)
         F.cross_entropy(model(x), y).backward()
         opt.step()
-    ref = edge_reference(ctx.size, dtype, zero_fill=True)
-    return {"final": arrays(model.state_dict()), "ref": arrays(ref.state_dict())}
+    return {"final": arrays(model.state_dict())}
 
 
 def zero2(student, ctx, rec):

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from .memory import Witness, alive_bytes
 from .nets import (EDGE_STEPS, MEASURED_STEP, MORE_STEPS, OPTIM, STEPS, arrays,
-                   combined, edge_combined, edge_local, edge_model, edge_reference, edge_units,
-                   gathered, local, make_model, reference, registrations, tensors)
+                   combined, edge_combined, edge_local, edge_model, edge_units, gathered, local,
+                   make_model, registrations, tensors)
 
 LEAVES = {"emb": ("weight",), "blocks.0.fc": ("weight", "bias"),
           "blocks.1.fc": ("weight", "bias"), "blocks.2.fc": ("weight", "bias"),
@@ -87,9 +87,7 @@ def _zero3_edge(student, ctx, dtype, micro=1):
             left += gathered(regs)
         opt.step()
     x, _ = edge_combined(EDGE_STEPS, 0, ctx.size, dtype)
-    ref = edge_reference(ctx.size, dtype, micro)
-    return {"outputs": wrapped(x).detach().numpy().copy(), "gathered": sorted(set(left)),
-            "ref_outputs": ref(x).detach().numpy().copy()}
+    return {"outputs": wrapped(x).detach().numpy().copy(), "gathered": sorted(set(left))}
 
 
 def zero3(student, ctx, rec):
@@ -100,7 +98,6 @@ def zero3(student, ctx, rec):
     x, _ = combined(STEPS, ctx.size)
     out["outputs"] = wrapped(x).detach().numpy().copy()
     del wrapped, opt, shards
-    out["ref_outputs"] = reference(ctx.size, STEPS)(x).detach().numpy().copy()
     for case, dtype, micro in (("zero3-features", "float32", 1),
                                ("zero3-float64", "float64", 1),
                                ("zero3-accumulate", "float32", 2)):
@@ -153,11 +150,9 @@ def _broadcast(rec, ctx, state):
 def state_dict(student, ctx, rec):
     ctx.case("state-rank0")
     wrapped, opt, regs, _ = train3(student, ctx, rec, measure=False)
-    ref = reference(ctx.size, STEPS)
-    out = {"full": _full(wrapped, regs), "ref": arrays(ref.state_dict()),
-           "ref_keys": list(ref.state_dict())}
+    out = {"full": _full(wrapped, regs)}
     state = _broadcast(rec, ctx, out["full"]["state"])
-    if state is None or set(state) != set(out["ref_keys"]):
+    if state is None or set(state) != set(make_model().state_dict()):
         return out                        # the checker reports the keys; nothing to load
     ctx.case("state-load")
     model2 = make_model(seed=1)
@@ -172,7 +167,6 @@ def state_dict(student, ctx, rec):
         opt2.step()
     again = loaded.full_state_dict()
     out["continued"] = arrays(again) if isinstance(again, dict) else again
-    out["ref_continued"] = arrays(reference(ctx.size, MORE_STEPS, ref.state_dict()).state_dict())
     del loaded, opt2, again
     ctx.case("state-float64")
     out["edge"] = _state_edge(student, ctx, rec)
@@ -191,8 +185,7 @@ def _state_edge(student, ctx, rec):
         F.cross_entropy(wrapped(x), y).backward()
         opt.step()
     full = wrapped.full_state_dict()
-    out = {"full": tensors(full) if isinstance(full, dict) else None,
-           "ref": arrays(edge_reference(ctx.size, "float64").state_dict())}
+    out = {"full": tensors(full) if isinstance(full, dict) else None}
     state = _broadcast(rec, ctx, out["full"])
     if state is None:
         return out
