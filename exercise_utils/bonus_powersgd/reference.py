@@ -1,5 +1,5 @@
-"""The reference of notebook 08's checks: the inputs the probe hands the student's code, and what
-the contract says the code must give on them.
+"""The inputs of notebook 08's checks: what the probe hands the student's code (what the code must
+give on them is the judge's: :mod:`.expected`).
 
 * ``orthogonalize``: :data:`ORTHO_CASES` (float32 and float64, one column, a zero column,
   nearly parallel columns), each labelled with the check case it belongs to;

@@ -16,8 +16,10 @@ Modules:
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
 * ``expected``: the buckets BucketDDP must build (the judge's; no rank imports it);
-* ``reference``: the models (float32 and float64 EdgeNets among them), batches and
-  single-process replay probes and checks share;
+* ``reference``: the models (float32 and float64 EdgeNets among them) and batches probes and
+  checks share;
+* ``references``: the single-process replay the checks compare with (the judge's; no rank
+  imports it);
 * ``bench``: the student's stages against torch DDP (a torchrun script), tables and plots;
 * ``network``: the same benchmark on two hosts with links of 100 Mbit/s, 1 Gbit/s and
   unshaped: where overlap and buckets pay.

@@ -10,7 +10,7 @@ in the ranks: :mod:`.probes`, :mod:`.probes_grad`), many cases per launch; ``ini
 in simulated jobs of every launcher at 1 to 4 processes (:mod:`.probes_init`, one lone launch).
 
 Numbers: after several SGD steps every rank's gradients (each step) and parameters equal
-single-process training on the combined batch (:func:`.reference.replay`; tolerance 2e-5 +
+single-process training on the combined batch (:func:`.references.replay`; tolerance 2e-5 +
 2e-4|x| in float32, 1e-12 + 1e-9|x| in float64: a float64 gradient that went through float32
 fails), its BatchNorm running statistics equal its own sub-batches' (not synchronised, as in
 DDP without SyncBatchNorm). Structure: the collectives of each step (naive: one per parameter
@@ -25,6 +25,7 @@ import numpy as np
 from ..contract import fail
 from ..harness import assert_close, check
 from . import reference as ref
+from . import references
 from .checks_api import verify_closure_loss, verify_log, verify_init, verify_main_init
 from .launches import TIMEOUT, raise_if_todo, stage_results
 from .probes import BROADCAST_CASES, OPTIMIZER_CASES
@@ -121,7 +122,7 @@ def check_api(path, timeout=TIMEOUT):
             verify_log(runs, case, strategy, how)
             steps = [[[(x[idx], y[idx])] for idx in per_step] for per_step in
                      zip(*[run["batches"] for run in runs])]
-            reference = ref.replay("edge", runs[0]["init"], steps)
+            reference = references.replay("edge", runs[0]["init"], steps)
             for rank, run in enumerate(runs):
                 verify_numbers(run, reference, rank, size, f"training with DistributedOptimizer("
                                f"strategy={strategy!r}) on your partition_dataset's batches"
@@ -261,7 +262,7 @@ def _check_reduce(path, timeout, kind):
                              f"{run['moved'][step]} new gradient tensors or storage (p.grad = "
                              "..., p.grad.data = ...); write the averages into the existing "
                              "p.grad in place (p.grad.div_, p.grad.copy_)")
-            reference = ref.reference(spec, runs[0], size)
+            reference = references.reference(spec, runs[0], size)
             for rank, run in enumerate(runs):
                 verify_numbers(run, reference, rank, size, what, "Copy the reduced values back "
                                "into each p.grad" if kind == "flat" else "", case, spec)

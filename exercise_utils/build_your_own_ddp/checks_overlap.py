@@ -22,6 +22,7 @@ from ..contract import fail
 from ..harness import check
 from . import expected
 from . import reference as ref
+from . import references
 from .checks import collective_events, spec_words, verify_broadcast_at_start, verify_numbers
 from .launches import TIMEOUT, raise_if_todo, stage_results
 from .probes_grad import BUCKET_CASES, MICROS, OVERLAP_CASES
@@ -40,7 +41,7 @@ def check_overlap(path, timeout=TIMEOUT):
             for rank, run in enumerate(runs):
                 for events in run["events"]:
                     _check_overlap_step(events, rank, n)
-            reference = ref.reference(spec, runs[0], size)
+            reference = references.reference(spec, runs[0], size)
             for rank, run in enumerate(runs):
                 verify_numbers(run, reference, rank, size, f"OverlapDDP training "
                                f"({spec_words(spec)})", "finish_gradient_synchronization must "
@@ -92,7 +93,7 @@ def check_buckets(path, timeout=TIMEOUT):
                         for rank, run in enumerate(runs[case])]
                  for case, spec, pattern in BUCKET_CASES}
         for case, spec, pattern in BUCKET_CASES:       # the numbers, then how they travelled
-            reference = ref.reference(spec, runs[case][0], size, MICROS[pattern])
+            reference = references.reference(spec, runs[case][0], size, MICROS[pattern])
             for rank, run in enumerate(runs[case]):
                 verify_numbers(run, reference, rank, size, f"BucketDDP training "
                                f"({spec_words(spec)}" + {
@@ -199,7 +200,7 @@ def _check_after_error(runs, size):
                  f"had raised for the skipped layer, the next step (every parameter used) "
                  f"raised {late[0][1]}: {late[0][2]}: reset the counters before raising, so "
                  "that the next backward starts afresh")
-    reference = ref.reference("branch", runs[0], size, steps=[0, after])
+    reference = references.reference("branch", runs[0], size, steps=[0, after])
     for rank, run in enumerate(runs):
         out = dict(run, grads=[run["grads"].get(0, {}), run["grads"].get(after, {})])
         verify_numbers(out, reference, rank, size, "BucketDDP(BranchNet()) training, the step "

@@ -1,5 +1,5 @@
-"""The reference of notebook 06's checks: the models, batches and data the probes hand the
-student's code, and what single-process training on them gives.
+"""The inputs of notebook 06's checks: the models, batches and data the probes hand the
+student's code.
 
 Shared by the probe side (:mod:`.probes`, :mod:`.probes_grad`, inside the ranks) and the
 checker side (:mod:`.checks`, :mod:`.checks_overlap`). A model is named by a *spec*:
@@ -15,17 +15,14 @@ checker side (:mod:`.checks`, :mod:`.checks_overlap`). A model is named by a *sp
   skips in step ``UNUSED_AT`` (its parameters ``UNUSED`` then get no gradient: BucketDDP must
   raise).
 
-:func:`replay` is the reference: single-process SGD on the combined batch, BatchNorm statistics
-per rank's sub-batch (as data parallelism without SyncBatchNorm computes them), so each rank's
-running statistics are its own.
-
-The buckets BucketDDP must build (the notebook's greedy packing) are the judge's alone:
-:mod:`.expected`, which no rank imports (the grading sandbox hides it).
+What single-process training on them gives (:func:`.references.replay`: SGD on the combined
+batch, BatchNorm statistics per rank's sub-batch, as data parallelism without SyncBatchNorm
+computes them) and the buckets BucketDDP must build (the notebook's greedy packing,
+:mod:`.expected`) are the judge's alone: no rank imports them (the grading sandbox hides them).
 
 Used in 06_build_your_own_ddp.
 """
 import torch
-import torch.nn.functional as F
 
 from ..models import BranchNet, EdgeNet, TinyMLP
 
@@ -107,55 +104,6 @@ def named_state(model):
     """``{name: array}`` of the parameters (tied ones once) and buffers."""
     items = list(model.named_parameters()) + list(model.named_buffers())
     return {k: v.detach().cpu().numpy().copy() for k, v in items}
-
-
-def replay(spec, init, steps):
-    """Single-process SGD on the combined batches; BatchNorm statistics per rank.
-
-    Args:
-        spec: the model (see the module docstring).
-        init: ``named_state`` to start from.
-        steps: per step, per rank, a list of micro-batches ``(x, y)`` (several: accumulated).
-    Returns:
-        (parameters, per-rank buffers, per-step gradients), dicts of arrays.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)     # tiny tensors: threads only wait for each other (0.2 s per
-    try:                         # BatchNorm call on a busy 2-core machine)
-        return _replay(spec, init, steps)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _replay(spec, init, steps):
-    model = make_model(spec)
-    model.load_state_dict({k: torch.as_tensor(v) for k, v in init.items()}, strict=False)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    buffers = [{k: b.clone() for k, b in model.named_buffers()} for _ in steps[0]]
-    grads = []
-    for per_rank in steps:
-        opt.zero_grad(set_to_none=True)
-        for rank, micros in enumerate(per_rank):
-            with torch.no_grad():
-                for k, b in model.named_buffers():
-                    b.copy_(buffers[rank][k])
-            for x, y in micros:
-                (F.cross_entropy(model(torch.as_tensor(x)), torch.as_tensor(y))
-                 / len(per_rank)).backward()
-            buffers[rank] = {k: b.clone() for k, b in model.named_buffers()}
-        grads.append(grads_of(model))
-        opt.step()
-    params = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
-    return params, [{k: v.numpy() for k, v in b.items()} for b in buffers], grads
-
-
-def reference(spec, out, size, micros=None, steps=None):
-    """replay() of the batches the probe gave each rank: ``steps`` (default all STEPS), step 0
-    with the micro-batches ``micros`` (e.g. [1, 0]: micro-batch 1 inside no_sync, then 0)."""
-    steps = range(STEPS) if steps is None else steps
-    return replay(spec, out["init"], [
-        [[batch(spec, step, r, m) for m in (micros if step == 0 and micros else [0])]
-         for r in range(size)] for step in steps])
 
 
 def grad_params(spec):
