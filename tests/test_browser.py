@@ -131,22 +131,26 @@ def _apt_install_chromium():
 def browser_kit():
     """``(playwright.sync_api, path of chromium)``, installing what is missing; skips the test,
     saying why, where playwright or chromium cannot be had."""
-    missing = []
-    api = _import_playwright()
-    if api is None:
-        why = _pip_install_playwright()
-        api = _import_playwright()
-        if api is None:
-            missing.append(f"playwright ({why or 'installed, but it does not import'})")
-    chromium = _find_chromium()
-    if chromium is None:
-        why = _apt_install_chromium()
-        chromium = _find_chromium()
-        if chromium is None:
-            missing.append(f"Debian's chromium ({why or 'installed, but not found on PATH'})")
+    api, no_api = _obtain(_import_playwright, _pip_install_playwright, "playwright",
+                          "installed, but it does not import")
+    chromium, no_chromium = _obtain(_find_chromium, _apt_install_chromium, "Debian's chromium",
+                                    "installed, but not found on PATH")
+    missing = [why for why in (no_api, no_chromium) if why]
     if missing:
         pytest.skip("the browser test needs " + " and ".join(missing))
     return api, chromium
+
+
+def _obtain(find, install, name, odd):
+    """``(find(), None)``, installing first if it finds nothing; ``(None, why)`` if it still
+    does not (``odd``: the reason when the install said it worked)."""
+    found = find()
+    if found is None:
+        why = install()
+        found = find()
+        if found is None:
+            return None, f"{name} ({why or odd})"
+    return found, None
 
 
 # ----------------------------------------------------------------------------- the lab
