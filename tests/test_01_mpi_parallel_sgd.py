@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from exercise_utils.mpi_parallel_sgd import checks, probes
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
-from grading import (assert_every_check_says, assert_ran_without_errors, autograde,
-                     graded_only, graded_text)
+from grading import (assert_every_check_says, assert_failures_are_short,
+                     assert_ran_without_errors, autograde, graded_only, graded_text)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "01_mpi_parallel_sgd"
@@ -131,6 +131,7 @@ def test_autograde_solution_blank_and_deadlock(tmp_path):
     assert_every_check_says(course, "solution", STEM, "all checks passed", len(CHECKERS))
     assert_ran_without_errors(course, "solution", STEM)
     assert_every_check_says(course, "blank", STEM, "not implemented yet: ", len(CHECKERS))
+    assert_failures_are_short(course, "blank", STEM)
     graded = json.loads(graded_text(course, "deadlock", STEM))
     check = next(c for c in graded["cells"] if "".join(c["source"]).startswith(
         "# CHECK model_averaging"))
