@@ -158,7 +158,12 @@ def main(argv=None):
     print(f"{train.name}: {len(train)} training, {len(test)} test samples; {args.epochs} "
           f"epoch(s), batch {args.batch}, lr {args.lr}; {os.cpu_count()} CPU cores", flush=True)
     dataset = TimedDataset(train.x, train.y)
-    rows = [train_run(spec, work, dataset, test, args) for spec in args.runs]
+    from ..display import Marks
+    marks, rows = Marks(), []                   # the notebook's progress bar: runs done
+    marks.stage(f"{len(args.runs)} runs", len(args.runs))
+    for spec in args.runs:
+        rows.append(train_run(spec, work, dataset, test, args))
+        marks.update(len(rows))
     if args.out:
         save_json(args.out, {"dataset": train.name, "train_samples": len(train),
                              "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
