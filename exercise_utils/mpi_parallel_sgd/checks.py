@@ -11,7 +11,8 @@ Used in 01_mpi_parallel_sgd.
 import numpy as np
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, check, held_by, run_ranks, state_arrays
+from ..harness import (HANG_AFTER, assert_close, check, held_by, likely_cause, run_ranks,
+                       state_arrays)
 from ..integrity import VIOLATION
 from . import probes
 from .probes import (AVERAGE_CASES, BROADCAST_CASES, GLOBAL_CASES, GLOBAL_EMPTY, NO_GRAD,
@@ -166,7 +167,8 @@ def check_allreduce_sgd(path, timeout=TIMEOUT):
                              f"concatenated batch: average (sum / size) the gradients of every "
                              f"rank, in the gradients' own dtype", rank, atol, rtol, case=case,
                              start=state_arrays(sgd_model(dtype)), size=size,
-                             mistakes={summed(size): lambda: _summed_sgd(dtype, size)})
+                             mistakes={summed(size): lambda: _scaled_sgd(dtype, size, size),
+                                       halved(size): lambda: _scaled_sgd(dtype, size, 1 / size)})
 
 
 def summed(size):
@@ -175,15 +177,22 @@ def summed(size):
             f"summed instead of averaged? Divide the sum by the world size.")
 
 
-def _summed_sgd(dtype, size):
-    """Single-process SGD with the gradient multiplied by ``size`` (a sum of averages)."""
+def halved(size):
+    """The likely cause named when parameters match SGD on the average divided by ``size``."""
+    return (f"the parameters are those of SGD on 1/{size} of the average gradient: divided by "
+            f"the world size twice (before and after the Allreduce?). Divide the sum once.")
+
+
+def _scaled_sgd(dtype, size, factor):
+    """Single-process SGD with the gradient multiplied by ``factor`` (``size``: a sum of
+    averages; ``1 / size``: an average divided again)."""
     model = sgd_model(dtype)
     x, y = sgd_batches(size, dtype)
 
     def scale():
         for p in model.parameters():
             if p.grad is not None:
-                p.grad.mul_(size)
+                p.grad.mul_(factor)
     return sgd_run(model, x, y, scale)
 
 
@@ -253,9 +262,12 @@ def check_convergence(path, timeout=TIMEOUT):
                                     f"take different stop decisions, and the ranks that keep "
                                     f"training would hang in Allreduce forever")
             if not abs(losses[0] - expected) <= 1e-12 * abs(expected):
+                cause = likely_cause({"global_loss": np.array([losses[0]], dtype=float)},
+                                     {"global_loss": np.array([expected])})
                 fail(case, f"global_loss returned {losses[0]!r} with {size} ranks holding loss "
                            f"sums {sums} over {counts} samples; expected {expected!r} = (sum of "
-                           f"all loss sums) / (sum of all sample counts), computed in float64")
+                           f"all loss sums) / (sum of all sample counts), computed in float64."
+                           f"{cause}")
 
 
 def _check_converged(args, got):

@@ -218,6 +218,13 @@ FLAWS = [
          expect="ZeroDivisionError in check case 'global-empty-rank'",
          patch=(("    totals = np.array([loss_sum, count], dtype=np.float64)\n",
                  "    totals = np.array([loss_sum / count * count, count], dtype=np.float64)\n"),)),
+    Flaw("convergence", "numpy_means", clause="edges", case="global-empty-rank",
+         why="the weighted mean of the ranks' means in numpy, where 0 / 0 is not an error but "
+             "NaN (with a warning): a rank without samples turns the global loss into NaN.",
+         expect="Likely cause: a NaN or infinity, first in global_loss",
+         patch=(("    totals = np.array([loss_sum, count], dtype=np.float64)\n",
+                 "    mean = np.float64(loss_sum) / count\n"
+                 "    totals = np.array([mean * count, count], dtype=np.float64)\n"),)),
     Flaw("convergence", "seed_bug", clause="rule", case="converged-rule",
          why="the seed's stop rule: compares with prev_loss even on the first epoch.",
          expect="converged(None, 1.0, 0.01) raised TypeError",
@@ -253,6 +260,13 @@ FLAWS = [
          why="sums the gradients with one Allreduce but forgets to divide by the number of ranks.",
          expect="summed instead of averaged? Divide",
          patch=(("    flat /= comm.Get_size()\n", ""),)),
+    Flaw("allreduce_sgd", "divided_twice", clause="average", case="sgd-values",
+         why="scales each rank's gradients by 1/size before the Allreduce (to average as it "
+             "sums) and divides the sum by size again.",
+         expect="divided by the world size twice",
+         patch=(("    comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)\n",
+                 "    flat /= comm.Get_size()\n"
+                 "    comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)\n"),)),
     Flaw("allreduce_sgd", "no_copy_back", clause="average", case="sgd-values",
          why="averages a flat buffer but never copies it back, as if torch.cat returned views of "
              "the gradients (it returns a new tensor): every rank steps with its own gradient.",
