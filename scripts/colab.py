@@ -38,7 +38,7 @@ def installed(name):
 
 def course_installed(home):
     """Whether ``exercise_utils`` is installed from ``home`` (editable): an installed
-    distribution says so in its ``direct_url.json`` (the build's ``exercise_utils.egg-info``
+    distribution says so in its ``direct_url.json`` (the build's egg-info folder
     in ``home``, found once ``home`` is on ``sys.path``, is not an installation)."""
     where = Path(home).resolve().as_uri()
     return any(where in (dist.read_text("direct_url.json") or "")
