@@ -219,7 +219,7 @@ class Bars:
     end (``close``): what stays are the ranks' own lines, e.g. each epoch's."""
 
     def __init__(self):
-        self.bar = None
+        self.bar, self.stage = None, None
 
     @staticmethod
     def wanted():
@@ -239,9 +239,10 @@ class Bars:
             from tqdm.auto import tqdm
             self.bar = tqdm(total=total, desc=what, leave=False, unit="step",
                             dynamic_ncols=True)
-        elif self.bar.desc != what or self.bar.total != total:
+        elif self.stage != (what, total):            # a new stage (epoch): the bar anew
             self.bar.reset(total=total)
             self.bar.set_description(what, refresh=False)
+        self.stage = (what, total)
         self.bar.n = done
         self.bar.refresh()
         return True

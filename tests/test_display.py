@@ -221,3 +221,36 @@ def test_in_a_kernel_a_launch_shows_a_tqdm_bar_and_only_the_ranks_lines():
     widgets = [o for o in outputs if o.output_type == "display_data"
                and "application/vnd.jupyter.widget-view+json" in o.data]
     assert widgets, outputs                  # tqdm.auto's bar: a widget in Jupyter
+
+
+def test_a_bar_starts_again_only_at_a_new_stage(monkeypatch):
+    """Bars.feed: a mark of the same stage moves the bar; a new stage (an epoch) resets it."""
+    import tqdm.auto
+    events = []
+
+    class FakeBar:
+        def __init__(self, total, desc, **kwargs):
+            self.total, self.n = total, 0
+            events.append(("new", desc, total))
+
+        def reset(self, total):
+            events.append(("reset", total))
+
+        def set_description(self, desc, refresh=True):
+            events.append(("desc", desc))
+
+        def refresh(self):
+            events.append(("at", self.n))
+
+        def close(self):
+            events.append(("close",))
+    monkeypatch.setattr(tqdm.auto, "tqdm", FakeBar)
+    bars = display.Bars()
+    mark = display.MARK + '{"what": "%s", "done": %d, "total": 3}'
+    for line in (mark % ("epoch 1/2", 0), "[0] " + mark % ("epoch 1/2", 2),
+                 mark % ("epoch 2/2", 0), mark % ("epoch 2/2", 3)):
+        assert bars.feed(line)
+    assert not bars.feed("epoch 1: loss 0.3") and bars.feed(display.MARK + "not json")
+    bars.close()
+    assert events == [("new", "epoch 1/2", 3), ("at", 0), ("at", 2), ("reset", 3),
+                      ("desc", "epoch 2/2"), ("at", 0), ("at", 3), ("close",)]
