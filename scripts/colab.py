@@ -94,4 +94,15 @@ def setup(home, work=None):
     os.chdir(work)
     print(f"course set-up: ready (torch {torch.__version__}, mpi4py {mpi4py.__version__}, "
           f"{launch.find_executable('mpiexec')}); working in {work}", flush=True)
+    tested = tested_torch(home)
+    if tested and torch.__version__.split("+")[0] != tested:
+        print(f"course set-up: note: this kernel's torch is {torch.__version__}; the course is "
+              f"tested with torch {tested} (constraints.txt)", flush=True)
     return work
+
+
+def tested_torch(home):
+    """The torch version the course's constraints pin, or None."""
+    found = re.search(r"^torch==([\w.]+)$", (Path(home) / "constraints.txt").read_text(),
+                      flags=re.M)
+    return found[1] if found else None
