@@ -146,7 +146,8 @@ def test_a_failed_launch_shows_each_ranks_first_error_and_folds_the_output():
 def test_torchruns_failure_report_is_hidden_from_the_live_output(tmp_path, capsys):
     script = tmp_path / "fail.py"
     script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
-                      "print('rank', dist.get_rank(), 'up', flush=True)\n"
+                      "import sys\nsys.stdout.write(f'rank {dist.get_rank()} up\\n')\n"
+                      "sys.stdout.flush()\n"   # one write: the ranks share a pipe, unbuffered
                       "if dist.get_rank() == 1:\n    raise ValueError('rank 1 broke')\n"
                       "dist.barrier()\n")
     with pytest.raises(launch.LaunchError) as err:
