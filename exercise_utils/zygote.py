@@ -59,6 +59,10 @@ def stub(path, args, preload=(), mpi=True):
         if not chunk:
             break
         status += chunk
+    if not status:          # say so: an exit status 1 with no output cannot be diagnosed
+        os.write(2, f"zygote stub {os.getpid()}: the zygote at {path} closed the connection "
+                    f"without the rank's exit status (it exited, or took this stub for "
+                    f"gone)\n".encode())
     os._exit(int(status or b"1"))
 
 
