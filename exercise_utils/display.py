@@ -14,6 +14,7 @@ does, in a kernel); :func:`summary` is the one line of a check that passed.
 Used by every notebook (through :mod:`exercise_utils` and :func:`exercise_utils.harness.check`).
 """
 import html
+import json
 import os
 import re
 import sys
@@ -207,7 +208,6 @@ class Marks:
 
     def _print(self, done):
         if self.on:
-            import json
             print(MARK + json.dumps({"what": self.what, "done": int(done),
                                      "total": self.total}), flush=True)
 
@@ -229,7 +229,6 @@ class Bars:
         at = line.find(MARK)
         if at < 0:
             return False
-        import json
         try:
             mark = json.loads(line[at + len(MARK):])
             what, done, total = str(mark["what"]), int(mark["done"]), int(mark["total"])
