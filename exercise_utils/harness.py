@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import heartbeat, integrity, launch, plaindata, sandbox
+from . import heartbeat, integrity, launch, plaindata, sandbox, zygote
 from .processes import TAG, kill_processes, tagged_processes
 from .contract import CheckFailure
 
@@ -173,10 +173,53 @@ def _launch(worker_args, world_size, backend, limit, what, watch):
     if backend == "mpi":
         launch.run(_zygote_command(worker_args, world_size), nprocs=world_size, **quiet)
     elif _SESSION:
-        launch.run(_session_command(worker_args, world_size), nprocs=world_size, **quiet)
+        try:
+            launch.run(_session_command(worker_args, world_size), nprocs=world_size, **quiet)
+        except launch.LaunchError as err:
+            out = dict(zip(worker_args[::2], worker_args[1::2]))["--out"]
+            if err.returncode != zygote.LOST or not _untouched(out, world_size):
+                raise
+            # The session's zygote died before any rank started (nothing of the student's
+            # ran): the launch runs again as a launch of its own, the zygote is started anew
+            # for the next one, and why it died is said (on stderr, not in the verdict).
+            print(f"note: {what}: {_zygote_lost()}; the launch ran again without it.",
+                  file=sys.stderr, flush=True)
+            launch.run(_plain_command(worker_args, world_size), nprocs=world_size, **quiet)
     else:
-        launch.run([sys.executable, "-m", "exercise_utils.rankworker", "--spawn",
-                    str(world_size), *worker_args], nprocs=world_size, **quiet)
+        launch.run(_plain_command(worker_args, world_size), nprocs=world_size, **quiet)
+
+
+def _plain_command(worker_args, world_size):
+    return [sys.executable, "-m", "exercise_utils.rankworker", "--spawn", str(world_size),
+            *worker_args]
+
+
+def _untouched(out, world_size):
+    """Whether no rank of the launch whose folder is ``out`` started: every secret is still
+    there, no rank beat or reported."""
+    folder = Path(out)
+    return (all((folder / f"secret{r}").exists() for r in range(world_size))
+            and not list(folder.glob("beat*")) and not _written(out, world_size))
+
+
+def _zygote_lost():
+    """Stop this session's zygote, which closed a launch's connection without its exit status;
+    the next launch starts a new one. Returns what is known of why (its exit status, the end
+    of its stderr)."""
+    state = _SESSION[0]
+    proc, errors = state["proc"], Path(state["errors"])
+    try:
+        code = proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        code = None
+        proc.kill()
+        proc.wait()
+    kill_processes(tagged_processes(state["tag"]))     # what it forked (none started)
+    tail = " | ".join(errors.read_text(errors="replace").strip().splitlines()[-6:])
+    state["sock"] = state["proc"] = None
+    state["lost"] = state.get("lost", 0) + 1
+    status = "still running (stopped now)" if code is None else f"exit status {code}"
+    return f"the check's zygote (pid {proc.pid}) was lost: {status}; its stderr: {tail or '(empty)'}"
 
 
 OBSERVE = "DTFS_OBSERVE"    # "1": observe links outside grading too (tests); "0": never
@@ -253,17 +296,19 @@ def _reap(state):
     not the zygote: a nested block ends with no rank of its checks left behind."""
     if state["proc"] is not None and state["sock"]:
         # the process started (at grading: bwrap) and the zygote, which wrote its own pid
-        zygote = {state["proc"].pid, int(Path(f"{state['sock']}.pid").read_text())}
-        kill_processes([p for p in tagged_processes(state["tag"]) if p.pid not in zygote])
+        spare = {state["proc"].pid, int(Path(f"{state['sock']}.pid").read_text())}
+        kill_processes([p for p in tagged_processes(state["tag"]) if p.pid not in spare])
 
 
 def _session_socket():
     """The socket of this session's zygote, started now if it is not running yet."""
     state = _SESSION[0]
     if state["sock"] is None:
-        sock = Path(state["tmp"]) / "zygote.sock"
+        n = state.get("lost", 0)            # a zygote lost (:func:`_zygote_lost`) is replaced
+        sock = Path(state["tmp"]) / f"zygote{n or ''}.sock"
         env = {**os.environ, TAG: state["tag"]}
-        errors = Path(state["tmp"]) / "zygote.err"     # why it died, if it does
+        errors = Path(state["tmp"]) / f"zygote{n or ''}.err"     # why it died, if it does
+        state["errors"] = str(errors)
         with open(errors, "wb") as err:
             state["proc"] = proc = subprocess.Popen(
                 sandbox.wrap([sys.executable, "-m", "exercise_utils.zygote", "--socket",

@@ -36,6 +36,8 @@ import sys
 from pathlib import Path
 
 FDS = 8                 # at most this many descriptors travel with a request
+LOST = 75               # a stub's exit status when the zygote closed its connection without
+                        # the rank's (it died): the launcher may run the launch again without it
 
 
 # ---------------------------------------------------------------- the stub (one per MPI rank)
@@ -59,11 +61,11 @@ def stub(path, args, preload=(), mpi=True):
         if not chunk:
             break
         status += chunk
-    if not status:          # say so: an exit status 1 with no output cannot be diagnosed
+    if not status:          # say so: an exit status with no output cannot be diagnosed
         os.write(2, f"zygote stub {os.getpid()}: the zygote at {path} closed the connection "
                     f"without the rank's exit status (it exited, or took this stub for "
                     f"gone)\n".encode())
-    os._exit(int(status or b"1"))
+    os._exit(int(status) if status else LOST)
 
 
 # ---------------------------------------------------------------- the zygote
@@ -89,6 +91,7 @@ def serve(path, command, preload):
     held = {}                                # stub connection -> its rank's exit status
     mpiexec = subprocess.Popen(command) if command else None
     owner = os.getppid()
+    log = _log if mpiexec is None else (lambda text: None)   # (mpiexec's output: the ranks')
     try:
         while (mpiexec.poll() is None or children) if mpiexec else os.getppid() == owner:
             for key, _ in sel.select(timeout=0.05):
@@ -100,6 +103,7 @@ def serve(path, command, preload):
                     reaped = held.pop(key.fileobj, None) is not None
                     pid = children.pop(key.fileobj, None)
                     if not reaped:           # (a reaped rank's pid may be another's by now)
+                        log(f"the stub of rank process {pid} went away: killing it")
                         _kill(pid)
                     sel.unregister(key.fileobj)
                     key.fileobj.close()
@@ -122,6 +126,11 @@ def serve(path, command, preload):
                 del children[conn]
                 sel.unregister(conn)
                 conn.close()
+        if not mpiexec:
+            log(f"the process that started it ({owner}) is gone: stopping")
+    except BaseException as exc:
+        log(f"stopping on {type(exc).__name__}: {exc}")
+        raise
     finally:
         for conn, pid in children.items():
             if conn not in held:             # not reaped yet: the pid is still this rank's
@@ -201,6 +210,15 @@ def _run_rank(args, mpi):
             MPI.Finalize()
         return code
     return 0
+
+
+def _log(text):
+    """One line on the zygote's stderr (the harness keeps a session zygote's, to say why it
+    stopped if a launch lost it)."""
+    try:
+        os.write(2, f"zygote {os.getpid()}: {text}\n".encode())
+    except OSError:
+        pass
 
 
 def _abort(code=1):

@@ -148,6 +148,8 @@ class LocalSlurm:
             self.run(["scancel", "--full", "-u", "root"], check=False)
         for proc in reversed(self.procs):      # each in a session of its own: its whole group
             for sig in (signal.SIGTERM, signal.SIGKILL):
+                if proc.poll() is not None:    # reaped: its pid may be another's by now
+                    break
                 try:
                     os.killpg(proc.pid, sig)
                 except ProcessLookupError:

@@ -169,6 +169,45 @@ def test_a_session_forks_every_launch_from_one_zygote(tmp_path):
     assert not psutil.pid_exists(first[0][0])
 
 
+def test_a_launch_that_lost_its_zygote_runs_again_without_it(tmp_path, monkeypatch, capfd):
+    """The session's zygote died before any rank started (a CI run: a check lost 2 points to
+    "exit code 1 after 0.5 s" with no output): nothing of the student's ran, so the launch
+    runs again on its own and passes; why the zygote died is said on stderr; the next launch
+    of the session forks from a new zygote."""
+    import psutil
+    marker = tmp_path / "kill-once"
+    marker.touch()
+    monkeypatch.setenv("DTFS_TEST_KILL_ONCE", str(marker))
+    path = student(tmp_path, "def value(rank):\n    return rank * 10\n")
+    with harness.session():
+        assert run_ranks(path, "harness_zygote_killer:probe_value", 2, "gloo",
+                         timeout=60) == [0, 10]
+        err = capfd.readouterr().err
+        assert "zygote (pid" in err and "was lost: exit status -9" in err, err
+        assert "the launch ran again without it" in err, err
+        assert not marker.exists()
+        after = run_ranks(path, "harness_zygote_killer:probe_lineage", 2, "gloo", timeout=60)
+        assert "exercise_utils.zygote --socket" in after[0][1] and after[0][0] == after[1][0]
+        assert psutil.pid_exists(after[0][0])
+
+
+def test_a_rank_that_started_is_never_run_again(tmp_path):
+    """A launch whose stub lost the zygote after a rank started (the student's code may have
+    run, and killed it) is judged as it is: its failure stands."""
+    path = student(tmp_path, """
+        import os, signal, time
+        import psutil
+        def value(rank):
+            if rank == 0:       # the spawner's parent: the zygote
+                os.kill(psutil.Process(os.getppid()).ppid(), signal.SIGKILL)
+            time.sleep(30)
+            return rank
+        """)
+    with harness.session():
+        with pytest.raises(AssertionError, match="failed before reporting"):
+            run_ranks(path, "harness_probes:probe_value", 2, "gloo", timeout=60)
+
+
 def test_a_nested_session_ends_with_no_rank_of_its_own_left():
     """The test suite holds one session around many checks: when a check's (nested) session
     ends, whatever the zygote forked and is still alive (a rank judged by its report, still
