@@ -306,16 +306,20 @@ class Cluster:
         kwargs["env"] = {**FRESH_STORE_ENV, **(kwargs.get("env") or {})}
         return self.run_many([(host, cmd) for host in self.hosts], **kwargs)
 
-    def ranks_command(self, cmd):
+    def ranks_command(self, cmd, private=None):
         """One command that runs ``cmd`` once on every host as the ranks of one job (RANK is
         the host's index, WORLD_SIZE the number of hosts, MASTER_ADDR host 0's address), each
         in a sandbox that keeps its host's network at grading (:func:`exercise_utils.sandbox.wrap`),
         and stops them all as soon as one fails. The command itself must run outside a sandbox
-        (``launch.run(..., sandboxed=True)``): it enters the hosts' namespaces."""
+        (``launch.run(..., sandboxed=True)``): it enters the hosts' namespaces.
+
+        ``private``: a folder per host; rank r finds its own in ``DTFS_PRIVATE`` and, in a
+        sandbox (at grading), sees every other one empty."""
         hosts = [[h.netns, str(h.uts)] for h in self.hosts]
         return [sys.executable, "-m", "exercise_utils.cluster", "ranks",
                 json.dumps({"hosts": hosts, "cmd": [str(c) for c in cmd],
-                            "master": self.hosts[0].address})]
+                            "master": self.hosts[0].address,
+                            "private": [str(p) for p in private or []]})]
 
     def mpiexec_command(self, cmd, launcher):
         """``mpiexec`` (MPICH's hydra) running ``cmd`` once on every host, started on host 0:
@@ -474,11 +478,16 @@ def _ranks(spec):
     from .sandbox import wrap
     spec = json.loads(spec)
     procs = []
+    private = spec.get("private") or []
     for rank, (netns, uts) in enumerate(spec["hosts"]):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(spec["hosts"])),
                "MASTER_ADDR": spec["master"]}
+        if private:
+            env["DTFS_PRIVATE"] = private[rank]
+        others = [p for r, p in enumerate(private) if r != rank]
         procs.append(subprocess.Popen(["ip", "netns", "exec", netns, "nsenter", f"--uts={uts}",
-                                       *wrap(spec["cmd"], network=True)], env=env))
+                                       *wrap(spec["cmd"], network=True, masked=others)],
+                                      env=env))
     code = 0
     while code == 0 and any(p.poll() is None for p in procs):
         time.sleep(0.05)

@@ -40,7 +40,7 @@ LIMIT = 600        # seconds a check's launch may run while making progress (an 
 
 
 def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HANG_AFTER,
-              what=None, limit=LIMIT, warm_up=False, case=None, links=None):
+              what=None, limit=LIMIT, warm_up=False, case=None, links=None, salts=None):
     """Run ``probe(student_module, ctx, **kwargs)`` on every rank; return per-rank results.
 
     Args:
@@ -71,6 +71,12 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
             gloo ranks run as the hosts of a mesh (:class:`.cluster.Cluster`), each in its own
             network namespace, and the judge reads the interfaces' counters from outside
             (nothing a rank does can change them). Left empty elsewhere.
+        salts: with ``links``, a dict to receive the number each rank alone was given
+            (``{rank: int}``, ``ctx.salt`` in its probe) where the links are observed: each
+            rank has a private folder holding it, which at grading no other rank's sandbox
+            can read, so inputs the probe derives from it cannot be rebuilt by another rank
+            (only received through the links the judge counts). Left empty elsewhere, where
+            every ``ctx.salt`` is 0.
     Returns:
         list: the probe's return value on rank 0, 1, ...
     Raises:
@@ -100,7 +106,12 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
         try:
             try:
                 if links is not None and backend == "gloo" and world_size > 1 and observing():
-                    links.update(_launch_on_mesh(worker_args, world_size, limit, what, watch))
+                    given = _private_salts(tmp, world_size)
+                    links.update(_launch_on_mesh(worker_args, world_size, limit, what, watch,
+                                                 [Path(tmp) / f"private{r}"
+                                                  for r in range(world_size)]))
+                    if salts is not None:
+                        salts.update(given)
                 else:
                     _launch(worker_args, world_size, backend, limit, what, watch)
             finally:
@@ -243,13 +254,27 @@ def _namespaces_work():
     return cluster.unavailable_reason() is None
 
 
-def _launch_on_mesh(worker_args, world_size, limit, what, watch):
-    """One launch whose ranks run on the hosts of a fresh mesh; the bytes sent on each link."""
+def _private_salts(tmp, world_size):
+    """A private folder per rank in ``tmp`` (``private<r>``) holding a fresh random number
+    (``salt``); returns ``{rank: number}``."""
+    import secrets
+    out = {}
+    for r in range(world_size):
+        folder = Path(tmp) / f"private{r}"
+        folder.mkdir(mode=0o700)
+        out[r] = secrets.randbits(48) + 1
+        (folder / "salt").write_text(str(out[r]))
+    return out
+
+
+def _launch_on_mesh(worker_args, world_size, limit, what, watch, private):
+    """One launch whose ranks run on the hosts of a fresh mesh, each with its ``private``
+    folder; the bytes sent on each link."""
     from . import cluster
     with cluster.Cluster(world_size, mesh=True) as net:
         before = net.link_bytes()
         cmd = net.ranks_command([sys.executable, "-m", "exercise_utils.rankworker",
-                                 *worker_args])
+                                 *worker_args], private=private)
         launch.run(cmd, nprocs=world_size, timeout=limit, echo=False, what=what, watch=watch,
                    sandboxed=True, env={"MASTER_PORT": "29500"})
         after = net.link_bytes()

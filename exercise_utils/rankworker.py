@@ -120,7 +120,7 @@ def _rank():
 
 class Context(SimpleNamespace):
     """What a probe gets beside the student module: ``rank``, ``size``, ``backend``, ``comm``
-    (MPI), and :meth:`case`."""
+    (MPI), ``salt`` (see :func:`_salt`), and :meth:`case`."""
 
     def __init__(self, phase, **kwargs):
         super().__init__(**kwargs)
@@ -134,7 +134,8 @@ class Context(SimpleNamespace):
 
 def _context(args, rank, phase):
     size = int(os.environ.get("WORLD_SIZE", os.environ.get("PMI_SIZE", 1)))
-    ctx = Context(phase, rank=rank, size=size, backend=args.backend, comm=None)
+    ctx = Context(phase, rank=rank, size=size, backend=args.backend, comm=None,
+                  salt=_salt())
     if args.backend == "mpi":
         from mpi4py import MPI
         ctx.comm = MPI.COMM_WORLD
@@ -144,6 +145,14 @@ def _context(args, rank, phase):
         dist.init_process_group("gloo", rank=rank, world_size=size,
                                 timeout=datetime.timedelta(seconds=float(args.timeout)))
     return ctx
+
+
+def _salt():
+    """A number only this rank knows (its private folder's ``salt``: where the judge gives
+    ranks private folders, :func:`exercise_utils.harness.run_ranks`'s ``salts``), else 0.
+    Probes mix it into this rank's inputs, which the other ranks then cannot rebuild."""
+    folder = os.environ.get("DTFS_PRIVATE")
+    return int((Path(folder) / "salt").read_text()) if folder else 0
 
 
 def _warm_up():

@@ -80,7 +80,7 @@ def _own_install():
     return sorted(p for p in places if any(p != q and q in p.parents for q in private))
 
 
-def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None):
+def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None, masked=()):
     """``cmd`` wrapped in ``bwrap`` (see the module docstring).
 
     Args:
@@ -95,6 +95,8 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None):
             address of its own); by default only a private loopback.
         cwd: the working directory inside (default: the current one; under ``/tmp`` it
             must be one of ``readable`` or ``writable``, which the sandbox sees there).
+        masked: folders inside ``writable`` ones that read as empty all the same (another
+            rank's private folder: :meth:`exercise_utils.cluster.Cluster.ranks_command`).
     Returns:
         list: the full command line.
     """
@@ -114,6 +116,8 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None):
         path = Path(path).resolve()
         path.mkdir(parents=True, exist_ok=True)
         args += ["--bind", str(path), str(path)]
+    for path in masked:                      # after the binds, which would cover them
+        args += ["--tmpfs", str(Path(path).resolve())]
     if not network:
         args.append("--unshare-net")
     args += ["--chdir", str(Path(cwd or os.getcwd()).resolve()), "--"]
@@ -228,18 +232,19 @@ def private_tmpdir():
     return folder
 
 
-def wrap(cmd, cwd=None, network=False):
+def wrap(cmd, cwd=None, network=False, masked=()):
     """``cmd`` as it must run here: in a sandbox under the grader's policy (hidden: the
     policy's paths; writable: the current folder and the private temporary folder), else
     unchanged. Raises :class:`SandboxUnavailable` if a policy is set and no sandbox can run.
-    ``network``: keep the network ``cmd`` starts in (a host of the course's cluster)."""
+    ``network``: keep the network ``cmd`` starts in (a host of the course's cluster);
+    ``masked``: folders it must see empty (see :func:`command`)."""
     rules = policy()
     if rules is None:
         return [str(c) for c in cmd]
     require()
     here = os.getcwd()
     return command(cmd, writable=[here, private_tmpdir()], hidden=rules["hidden"],
-                   cwd=cwd or here, network=network)
+                   cwd=cwd or here, network=network, masked=masked)
 
 
 def harden():

@@ -6,7 +6,9 @@ and the judge reads each directed link's byte counter from outside the ranks.
 * an empty run (a group set up and taken down) stays far inside the slack the envelopes allow;
 * every right file of the observing checks (03's ring, 08's PowerSGD) passes on the wire;
 * every cheat of ``tests/cheats/wire/`` passes its check where links are not observed (so the
-  trick is real and the test can fail) and fails the case its docstring names when they are;
+  trick is real and the test can fail) and fails the case its docstring names when they are
+  (the bytes on a link; or, for a rank that rebuilds the others' inputs, the values: where
+  links are observed each rank's inputs derive from a number only it knows);
 * under ``make autograde``'s sandbox policy the same holds (ranks in bubblewrap, each in its
   host's network namespace).
 """
@@ -82,7 +84,8 @@ def test_wire_cheat_passes_unobserved_and_fails_on_the_wire(monkeypatch, stem):
     with pytest.raises(AssertionError) as err:
         check(cheat)
     assert getattr(err.value, "case", None) == case, str(err.value)[-2000:]
-    assert "the network counted" in str(err.value)
+    if case.endswith("-wire"):      # (else: the values, from inputs only each rank knows)
+        assert "the network counted" in str(err.value)
 
 
 def test_the_wire_is_observed_under_the_grading_policy(bwrap, tmp_path):  # noqa: F811
@@ -101,3 +104,16 @@ def test_the_wire_is_observed_under_the_grading_policy(bwrap, tmp_path):  # noqa
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert '"passed": true' in out.stdout, out.stdout[-2000:]
+
+
+def test_each_rank_s_salt_is_private_at_grading(bwrap, monkeypatch, tmp_path):  # noqa: F811
+    """A rank that reads the other ranks' salts (their private folders, beside its own)
+    rebuilds their inputs: observed without a sandbox it passes (the trick is real, the test
+    can fail); under the grading policy each rank's sandbox shows those folders empty."""
+    cheat = ROOT / "tests" / "cheats" / "private" / "03_ring_allreduce_read_salts.py"
+    observed(monkeypatch, True)
+    checker_for(cheat.stem)(cheat)
+    course, folder, _ = submission(tmp_path, cheat.stem, "")
+    env = {k: v for k, v in policy_env(course).items() if k != harness.OBSERVE}
+    caught = run_check(cheat, folder, env)
+    assert not caught["passed"] and "FileNotFoundError" in caught["message"], caught

@@ -23,7 +23,9 @@ At grading (:func:`exercise_utils.harness.observing`) the launches with 3 and 4 
 mesh of network namespaces and the judge reads the bytes of every directed link from the
 kernel: with one large input more (:data:`WIRE_CASE`) each link must carry what a ring puts
 there (:func:`wire_envelope`), else ``ring-wire`` fails, whatever the ranks did to the
-recorders in their own memory.
+recorders in their own memory. There each rank's inputs also derive from a number only it was
+given (``ctx.salt``, in a folder no other rank's sandbox can read): a rank cannot rebuild the
+others' tensors and sum them locally, it must receive them, on the links the judge counts.
 
 Used in 03_torch_distributed_collectives.
 """
@@ -89,24 +91,24 @@ def check_ring_allreduce(path, timeout=TIMEOUT):
     for size in WORLD_SIZES:
         cases = ring_cases(size) + ([WIRE_CASE] if observing() and size > 2 else [])
         group_cases = GROUP_CASES if size in GROUPS else []
-        links = {}
+        links, salts = {}, {}
         try:
             res = run_ranks(path, probes_ring.probe_ring, size, "gloo",
                             {"cases": cases, "group_cases": group_cases}, timeout,
                             what=f"ring_all_reduce with {size} ranks", case=BASELINE,
-                            links=links if size > 2 else None)
+                            links=links if size > 2 else None, salts=salts)
         except CheckFailure as err:
             if not any(text in str(err) for text in ("hung", "Timed out", "timeout")):
                 raise
             fail("ring-deadlock", f"{err}\n{HUNG_HINT}")
         for i, (case, shape, dtype) in enumerate(cases):
-            expected = ring_sum(shape, dtype, range(size), i)
+            expected = ring_sum(shape, dtype, range(size), i, salts)
             for rank, got in enumerate(res):
                 _check_case(case, got[i], expected, rank, list(range(size)), shape, dtype)
         for j, (case, shape, dtype) in enumerate(group_cases):
             for rank, got in enumerate(res):
                 ring = group_of(rank, size)
-                expected = ring_sum(shape, dtype, ring, GROUP_CASE0 + j)
+                expected = ring_sum(shape, dtype, ring, GROUP_CASE0 + j, salts)
                 _check_case(case, got[len(cases) + j], expected, rank, ring, shape, dtype, size)
         if links and size > 2:
             _check_wire(links, size, [(shape, dtype, list(range(size))) for _, shape, dtype

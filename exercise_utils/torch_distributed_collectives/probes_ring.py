@@ -65,9 +65,11 @@ def group_of(rank, size):
     return next((g for g in GROUPS.get(size, []) if rank in g), None)
 
 
-def ring_input(shape, dtype, rank, case):
-    """The tensor rank ``rank`` contributes in case number ``case`` (every rank can rebuild it)."""
-    g = torch.Generator().manual_seed(1000 * case + rank)
+def ring_input(shape, dtype, rank, case, salt=0):
+    """The tensor rank ``rank`` contributes in case number ``case``. With ``salt`` 0 every
+    rank can rebuild it; where the judge observes the links each rank's salt is its own
+    (``ctx.salt``), and only the judge knows them all."""
+    g = torch.Generator().manual_seed((1000 * case + rank + 1_000_003 * salt) % (1 << 63))
     if dtype.startswith("int"):
         bound = INT_RANGE[dtype]
         return torch.randint(-bound, bound, shape, generator=g, dtype=getattr(torch, dtype))
@@ -75,12 +77,13 @@ def ring_input(shape, dtype, rank, case):
     return values.to(getattr(torch, dtype))
 
 
-def ring_sum(shape, dtype, ranks, case):
-    """The exact sum over ``ranks`` (int64 for integers, float64 for floats), as numpy."""
+def ring_sum(shape, dtype, ranks, case, salts=None):
+    """The exact sum over ``ranks`` (int64 for integers, float64 for floats), as numpy;
+    ``salts``: each rank's salt (``{rank: salt}``; 0 for a rank not in it)."""
     wide = torch.int64 if dtype.startswith("int") else torch.float64
     total = torch.zeros(shape, dtype=wide)
     for r in ranks:
-        total += ring_input(shape, dtype, r, case).to(wide)
+        total += ring_input(shape, dtype, r, case, (salts or {}).get(r, 0)).to(wide)
     return total.numpy()
 
 
@@ -219,7 +222,7 @@ def probe_ring(student, ctx, cases, group_cases=()):
             ranks = group_of(ctx.rank, ctx.size) if group is not None else list(range(ctx.size))
             pos = ranks.index(ctx.rank)
             ring.update(right=ranks[(pos + 1) % len(ranks)], left=ranks[pos - 1])
-            tensor = ring_input(shape, dtype, ctx.rank, number)
+            tensor = ring_input(shape, dtype, ctx.rank, number, ctx.salt)
             ptr = tensor.data_ptr()
             del log[:]
             try:
