@@ -42,28 +42,35 @@ def readme_cell():
 
 def closure(names):
     """The installed distributions ``names`` need, themselves included (markers evaluated,
-    extras not followed)."""
+    extras followed: torch needs ``cuda-toolkit[cudart, ...]``, whose extras name the
+    ``nvidia-*`` libraries; a missed one is a distribution pip installs into the stand-in)."""
     from packaging.requirements import Requirement
-    seen, todo = {}, list(names)
+    seen, todo, done = {}, [(name, ()) for name in names], set()
     while todo:
-        name = todo.pop()
+        name, extras = todo.pop()
         try:
             dist = importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
             continue                                  # an optional dependency not installed
         key = dist.metadata["Name"].lower().replace("_", "-")
-        if key in seen:
-            continue
         seen[key] = dist
+        if (key, tuple(sorted(extras))) in done:
+            continue
+        done.add((key, tuple(sorted(extras))))
         for line in dist.requires or []:
             req = Requirement(line)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
+            if req.marker is None or any(req.marker.evaluate({"extra": e})
+                                         for e in ("", *extras)):
+                todo.append((req.name, tuple(req.extras)))
     return list(seen.values())
 
 
 def stand_in(folder):
-    """A fresh venv at ``folder`` whose site-packages links what Colab has. Returns its python."""
+    """A fresh venv at ``folder`` whose site-packages links what Colab has, file by file: a
+    folder linked whole (``nvidia/``, shared by a dozen distributions) would let pip in the
+    stand-in write into the course's own environment. A CI run lost two notebooks' torchrun
+    launches to SIGBUS (exit 135) when it did: pip rewrote ``nvidia/cu13/lib/*.so`` while
+    other tests' processes were loading them. Returns its python."""
     subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
     python = folder / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; "
@@ -72,12 +79,20 @@ def stand_in(folder):
     for dist in closure(COLAB_HAS):
         base = Path(dist.locate_file(""))
         for file in dist.files or []:
-            if file.parts[0] == "..":
-                continue                              # scripts: not needed
-            top = site / file.parts[0]
-            if not top.exists() and not top.is_symlink():
-                top.symlink_to(base / file.parts[0])
+            if file.parts[0] == ".." or "__pycache__" in file.parts:
+                continue                              # scripts: not needed; caches: made here
+            target = site / file
+            if not target.exists() and not target.is_symlink():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.symlink_to(base / file)
     return python
+
+
+def installed_here(site):
+    """The distributions installed in the stand-in itself (a real ``*.dist-info`` folder, not
+    one linked from the course's environment)."""
+    return sorted(d.name.split("-")[0].lower() for d in Path(site).glob("*.dist-info")
+                  if not any(f.is_symlink() for f in d.iterdir()))
 
 
 def kernel_spec(folder, python, env):
@@ -136,6 +151,9 @@ def test_the_readme_cell_sets_up_a_fresh_colab_like_kernel(tmp_path, monkeypatch
     assert cwd == str(home / "student") and package.startswith(str(home)), where
     assert torch_file + "\n" == before, "the set-up replaced the environment's torch"
     assert "note:" not in first         # the stand-in's torch is the tested one: no warning
+    site = next((tmp_path / "env" / "lib").glob("python3*/site-packages"))
+    assert installed_here(site) == ["exercise_utils", "mpi4py", "mpich", "pip", "setuptools"], (
+        installed_here(site))           # only what Colab lacks (and the venv's own pip)
     for extra in ("nbgrader", "jupyterlab", "nbclient"):
         found = subprocess.run([str(python), "-c", f"import {extra}"], capture_output=True,
                                cwd=tmp_path)
