@@ -106,10 +106,9 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
         try:
             try:
                 if links is not None and backend == "gloo" and world_size > 1 and observing():
-                    given = _private_salts(tmp, world_size)
+                    folders, given = _private_salts(tmp, world_size)
                     links.update(_launch_on_mesh(worker_args, world_size, limit, what, watch,
-                                                 [Path(tmp) / f"private{r}"
-                                                  for r in range(world_size)]))
+                                                 folders))
                     if salts is not None:
                         salts.update(given)
                 else:
@@ -187,8 +186,8 @@ def _launch(worker_args, world_size, backend, limit, what, watch):
         try:
             launch.run(_session_command(worker_args, world_size), nprocs=world_size, **quiet)
         except launch.LaunchError as err:
-            out = dict(zip(worker_args[::2], worker_args[1::2]))["--out"]
-            if err.returncode != zygote.LOST or not _untouched(out, world_size):
+            if (err.returncode != zygote.LOST
+                    or not _untouched(_options(worker_args)["--out"], world_size)):
                 raise
             # The session's zygote died before any rank started (nothing of the student's
             # ran): the launch runs again as a launch of its own, the zygote is started anew
@@ -198,6 +197,12 @@ def _launch(worker_args, world_size, backend, limit, what, watch):
             launch.run(_plain_command(worker_args, world_size), nprocs=world_size, **quiet)
     else:
         launch.run(_plain_command(worker_args, world_size), nprocs=world_size, **quiet)
+
+
+def _options(worker_args):
+    """``{"--student": ..., "--out": ..., ...}``: a launch's worker arguments by name (a flag
+    without a value, ``--warm-up``, comes last and is left out)."""
+    return dict(zip(worker_args[::2], worker_args[1::2]))
 
 
 def _plain_command(worker_args, world_size):
@@ -256,15 +261,14 @@ def _namespaces_work():
 
 def _private_salts(tmp, world_size):
     """A private folder per rank in ``tmp`` (``private<r>``) holding a fresh random number
-    (``salt``); returns ``{rank: number}``."""
+    (``salt``); returns ``([folder of rank 0, 1, ...], {rank: number})``."""
     import secrets
-    out = {}
-    for r in range(world_size):
-        folder = Path(tmp) / f"private{r}"
+    folders = [Path(tmp) / f"private{r}" for r in range(world_size)]
+    salts = {r: secrets.randbits(48) + 1 for r in range(world_size)}
+    for r, folder in enumerate(folders):
         folder.mkdir(mode=0o700)
-        out[r] = secrets.randbits(48) + 1
-        (folder / "salt").write_text(str(out[r]))
-    return out
+        (folder / "salt").write_text(str(salts[r]))
+    return folders, salts
 
 
 def _launch_on_mesh(worker_args, world_size, limit, what, watch, private):
@@ -383,7 +387,7 @@ def check(func):
 
 def _session_command(worker_args, world_size):
     """A ``rankworker --spawn`` launch handed to the session's zygote by a bare stub."""
-    opts = dict(zip(worker_args[::2], worker_args[1::2]))
+    opts = _options(worker_args)
     module, probe = opts["--probe"].split(":")
     preload = ["numpy", "exercise_utils.rankworker", module]
     if opts["--backend"] == "gloo" or _needs_torch(Path(opts["--student"]), module, probe):
@@ -398,7 +402,7 @@ def _session_command(worker_args, world_size):
 def _zygote_command(worker_args, world_size):
     """``mpiexec`` whose ranks are forked from one process that imported torch once
     (:mod:`.zygote`): the probe's module always, torch when the rank will need it."""
-    opts = dict(zip(worker_args[::2], worker_args[1::2]))
+    opts = _options(worker_args)
     probe_module, probe = opts["--probe"].split(":")
     preload = ["numpy", "mpi4py.MPI", "exercise_utils.rankworker", probe_module]
     if _needs_torch(Path(opts["--student"]), probe_module, probe):
