@@ -181,22 +181,45 @@ def _with_progress(watch, what, world_size, backend):
 def _launch(worker_args, world_size, backend, limit, what, watch):
     quiet = dict(timeout=limit, echo=False, what=what, watch=watch)
     if backend == "mpi":
-        launch.run(_zygote_command(worker_args, world_size), nprocs=world_size, **quiet)
+        cmd = _zygote_command(worker_args, world_size)
     elif _SESSION:
         try:
-            launch.run(_session_command(worker_args, world_size), nprocs=world_size, **quiet)
-        except launch.LaunchError as err:
-            if (err.returncode != zygote.LOST
-                    or not _untouched(_options(worker_args)["--out"], world_size)):
-                raise
-            # The session's zygote died before any rank started (nothing of the student's
-            # ran): the launch runs again as a launch of its own, the zygote is started anew
-            # for the next one, and why it died is said (on stderr, not in the verdict).
-            print(f"note: {what}: {_zygote_lost()}; the launch ran again without it.",
-                  file=sys.stderr, flush=True)
-            launch.run(_plain_command(worker_args, world_size), nprocs=world_size, **quiet)
+            cmd = _session_command(worker_args, world_size)
+        except ZygoteFailed as failed:
+            print(f"note: {what}: {failed}; the launch ran without it.", file=sys.stderr,
+                  flush=True)
+            cmd = _plain_command(worker_args, world_size)
     else:
-        launch.run(_plain_command(worker_args, world_size), nprocs=world_size, **quiet)
+        cmd = _plain_command(worker_args, world_size)
+    try:
+        launch.run(cmd, nprocs=world_size, **quiet)
+    except launch.LaunchTimeout:
+        raise
+    except launch.LaunchError as err:
+        why = _never_started(err, worker_args, world_size)
+        if why is None:
+            raise
+        # Nothing of the student's ran: the launch runs again, once, and why it had to is
+        # said (on stderr, not in the verdict).
+        print(f"note: {what}: {why}; the launch ran again.", file=sys.stderr, flush=True)
+        if backend != "mpi":
+            cmd = _plain_command(worker_args, world_size)
+        launch.run(cmd, nprocs=world_size, **quiet)
+
+
+def _never_started(err, worker_args, world_size):
+    """Why the launch that failed with ``err`` started no rank, when none did (every secret
+    still there, no beat, no report) for a reason of the checker's own, or None: the
+    session's zygote died (it is started anew for the next launch), or bubblewrap failed to
+    set up the sandbox (its message, ``bwrap: ...``, and exit status 1)."""
+    if not _untouched(_options(worker_args)["--out"], world_size):
+        return None
+    if err.returncode == zygote.LOST and _SESSION:
+        return _zygote_lost()
+    failed = [line for line in (err.output or "").splitlines() if line.startswith("bwrap: ")]
+    if err.returncode == 1 and failed:
+        return f"the sandbox failed to start ({failed[-1].strip()})"
+    return None
 
 
 def _options(worker_args):
@@ -329,6 +352,10 @@ def _reap(state):
         kill_processes([p for p in tagged_processes(state["tag"]) if p.pid not in spare])
 
 
+class ZygoteFailed(RuntimeError):
+    """The session's zygote exited before it was ready (the launch runs without it)."""
+
+
 def _session_socket():
     """The socket of this session's zygote, started now if it is not running yet."""
     state = _SESSION[0]
@@ -345,8 +372,10 @@ def _session_socket():
                 env=env, stdin=subprocess.DEVNULL, stderr=err, start_new_session=True)
         while not sock.exists():
             if proc.poll() is not None:
-                raise RuntimeError(f"the check's zygote exited with {proc.returncode}: "
-                                   f"{errors.read_text(errors='replace')[-2000:]}")
+                state["proc"], state["lost"] = None, n + 1
+                tail = " | ".join(errors.read_text(errors="replace").strip().splitlines()[-6:])
+                raise ZygoteFailed(f"the check's zygote exited with status {proc.returncode} "
+                                   f"before it was ready; its stderr: {tail or '(empty)'}")
             time.sleep(0.01)
         state["sock"] = str(sock)
     return state["sock"]

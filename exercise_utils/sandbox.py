@@ -54,8 +54,11 @@ def unavailable():
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return f"the bwrap command (bubblewrap) is not installed: {INSTALL}"
-    probe = subprocess.run(command(["true"], cwd="/"), capture_output=True, text=True,
-                           timeout=60)
+    for _ in range(3):      # (a set-up that failed once may be a passing race: a mount gone)
+        probe = subprocess.run(command(["true"], cwd="/"), capture_output=True, text=True,
+                               timeout=60)
+        if probe.returncode == 0:
+            break
     if probe.returncode != 0:
         return (f"bwrap cannot create its namespaces here ({probe.stderr.strip()[:200]}): run "
                 "as root, or enable unprivileged user namespaces "
@@ -80,6 +83,34 @@ def _own_install():
     return sorted(p for p in places if any(p != q and q in p.parents for q in private))
 
 
+SKIPPED = ("proc", "dev", "tmp")       # the sandbox's own (see :func:`command`)
+NAMESPACES = ("netns", "dtfs-uts")    # under /run: other launches' network and UTS namespaces
+
+
+def _machine():
+    """bwrap's arguments that show the machine's file system read-only: each entry of ``/``
+    bound on its own, and ``/run`` entry by entry but for :data:`NAMESPACES`. Binding ``/``
+    whole binds every mount under it, among them ``/run/netns/*`` and ``/run/dtfs-uts/*``,
+    which clusters of other launches running beside this one mount and unmount at any moment:
+    bwrap then fails to set up (CI: ``bwrap: Can't bind mount /oldroot/ on /newroot/: Unable to
+    apply mount flags: remount "/newroot/run/dtfs-uts/dtfs-...-h0": Invalid argument``). The
+    ranks never need them: a cluster's ranks enter their host's namespaces before bwrap
+    starts."""
+    args = []
+    for top, skipped in (("/", SKIPPED), ("/run", NAMESPACES)):
+        if not os.path.isdir(top):
+            continue
+        for name in sorted(os.listdir(top)):
+            path = os.path.join(top, name)
+            if name in skipped or (top == "/" and name == "run"):
+                continue
+            if os.path.islink(path):
+                args += ["--symlink", os.readlink(path), path]
+            elif os.path.lexists(path):
+                args += ["--ro-bind-try", path, path]
+    return args
+
+
 def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None, masked=()):
     """``cmd`` wrapped in ``bwrap`` (see the module docstring).
 
@@ -101,7 +132,7 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None, m
         list: the full command line.
     """
     args = ["bwrap", "--die-with-parent", "--cap-drop", "ALL", "--setenv", INSIDE, "1",
-            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            *_machine(), "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
             "--tmpfs", "/dev/shm"]
     for path in [*_own_install(), *readable]:
         path = Path(path).resolve()
@@ -118,6 +149,7 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None, m
         args += ["--bind", str(path), str(path)]
     for path in masked:                      # after the binds, which would cover them
         args += ["--tmpfs", str(Path(path).resolve())]
+    args += ["--remount-ro", "/"]             # bwrap's own root, which holds the binds
     if not network:
         args.append("--unshare-net")
     args += ["--chdir", str(Path(cwd or os.getcwd()).resolve()), "--"]

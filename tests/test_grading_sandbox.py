@@ -236,3 +236,68 @@ def test_hardened_ranks_are_unreadable_from_another_sandbox(bwrap):  # noqa: F81
     assert seen[False] is True, seen
     assert "PermissionError" in seen[True], seen
 
+
+
+FAIL_ONCE = """#!/bin/bash
+# bwrap, failing once at set-up while {marker} exists (as a mount it binds can vanish)
+if [ -e {marker} ]; then
+    rm -f {marker}
+    echo 'bwrap: Can'"'"'t bind mount /oldroot/ on /newroot/: (a test: failed once)' >&2
+    exit 1
+fi
+exec {real} "$@"
+"""
+
+SANDBOX_FAILS_ONCE = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from exercise_utils import harness, sandbox
+    path, marker = sys.argv[1:3]
+    Path(marker).touch()
+    got = {"unavailable": sandbox.unavailable(), "probe marker left": Path(marker).exists()}
+    for name, backend, in_session in (("plain", "gloo", False), ("session", "gloo", True),
+                                      ("mpi", "mpi", False)):
+        Path(marker).touch()
+        if in_session:
+            with harness.session():
+                got[name] = harness.run_ranks(path, "sandbox_probe:probe_value", 2, backend,
+                                              timeout=120)
+        else:
+            got[name] = harness.run_ranks(path, "sandbox_probe:probe_value", 2, backend,
+                                          timeout=120)
+        got[name + " marker left"] = Path(marker).exists()
+    print(json.dumps(got))
+""")
+
+
+def test_a_sandbox_that_failed_to_start_runs_again(bwrap, tmp_path):  # noqa: F811
+    """bubblewrap can fail to set up a launch's sandbox (CI: a mount it binds vanished
+    meanwhile) before anything of the student's ran: the launch runs again, and says why on
+    stderr. The same when the session's zygote's sandbox fails: the launch runs without it;
+    and when the first sandbox, which tells whether one can run here, fails: it is tried
+    again (else every check of the notebook would fail: "no sandbox can run here")."""
+    import shutil
+    marker, fake = tmp_path / "fail-once", tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text(FAIL_ONCE.format(marker=marker, real=shutil.which("bwrap")))
+    fake.chmod(0o755)
+    folder = tmp_path / "course" / "autograded" / "student" / "harness"
+    folder.mkdir(parents=True)
+    (folder / "student.py").write_text("def value(rank):\n    return rank * 10\n")
+    # (tests/ reads as empty in the sandbox: the probe lies in the submission's folder)
+    (folder / "sandbox_probe.py").write_text("def probe_value(student, ctx):\n"
+                                             "    return student.value(ctx.rank)\n")
+    env = {**policy_env(tmp_path / "course"), "PATH": f"{fake.parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(folder)}
+    out = subprocess.run([sys.executable, "-c", SANDBOX_FAILS_ONCE, "student.py", str(marker)],
+                         cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"unavailable": None, "probe marker left": False, "plain": [0, 10], "plain marker left": False, "session": [0, 10],
+                   "session marker left": False, "mpi": [0, 10], "mpi marker left": False}, got
+    notes = [line for line in out.stderr.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 3, out.stderr[-3000:]
+    assert all("(a test: failed once)" in note for note in notes), notes
+    assert sum("the sandbox failed to start" in n and "ran again" in n for n in notes) == 2
+    assert sum("zygote exited with status 1" in n and "ran without it" in n
+               for n in notes) == 1, notes

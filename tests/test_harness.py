@@ -184,7 +184,7 @@ def test_a_launch_that_lost_its_zygote_runs_again_without_it(tmp_path, monkeypat
                          timeout=60) == [0, 10]
         err = capfd.readouterr().err
         assert "zygote (pid" in err and "was lost: exit status -9" in err, err
-        assert "the launch ran again without it" in err, err
+        assert "the launch ran again" in err, err
         assert not marker.exists()
         after = run_ranks(path, "harness_zygote_killer:probe_lineage", 2, "gloo", timeout=60)
         assert "exercise_utils.zygote --socket" in after[0][1] and after[0][0] == after[1][0]
