@@ -34,6 +34,7 @@ TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (h
 WORLDS = (1, 2, 3)       # the world sizes PowerSGD runs in (one launch: probes._worlds)
 _CACHE = {}              # (wire_key, "worlds" or "local") -> per-rank results or CheckFailure
 LINKS = {}               # wire_key -> bytes per directed link of its launch (where observed)
+SALTS = {}               # wire_key -> {rank: salt} of its launch (where observed; else none)
 
 
 # ---------------------------------------------------------------- launching, caching
@@ -48,8 +49,8 @@ def _results(path, stage, timeout):
     digest = wire_key(path)
     key = (digest, "worlds")
     if key not in _CACHE:
-        LINKS[digest] = {}
-        _CACHE[key] = _launch(path, probes.STAGES, timeout, LINKS[digest])
+        LINKS[digest], SALTS[digest] = {}, {}
+        _CACHE[key] = _launch(path, probes.STAGES, timeout, LINKS[digest], SALTS[digest])
     res = _CACHE[key]
     if isinstance(res, CheckFailure) and stage != "powersgd":
         key = (digest, "local")
@@ -81,17 +82,28 @@ def wire_key(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest(), observing()
 
 
-def _launch(path, stages, timeout, links=None):
+def world_salts(path, size):
+    """The salts of the ranks of the world of ``size`` ranks in the launch of ``path``, its
+    rank 0 first (:func:`.probes._worlds`: 1 rank is the launch's rank 0, 2 ranks its ranks 1
+    and 2), or None where the launch gave none (links not observed: all 0)."""
+    salts = SALTS.get(wire_key(path))
+    if not salts:
+        return None
+    return [salts[r] for r in ({1: (0,), 2: (1, 2)}.get(size) or range(size))]
+
+
+def _launch(path, stages, timeout, links=None, salts=None):
     """Per-rank results of one launch (3 gloo ranks; the local stages alone: one process
     without communication), or the CheckFailure it raised. ``links`` receives the bytes the
-    network counted on each link where that is observed (:func:`..harness.run_ranks`)."""
+    network counted on each link where that is observed (:func:`..harness.run_ranks`),
+    ``salts`` each rank's salt (its gradients derive from it: :func:`.reference.gradient`)."""
     try:
         if "powersgd" not in stages:
             return run_ranks(path, probes.probe, 1, "none", {"stages": stages}, timeout,
                              case="ortho-orthonormal", what="08_powersgd.py (local stages)")
         return run_ranks(path, probes.probe, 3, "gloo", {"stages": stages}, timeout,
                          case="psgd-values", what="08_powersgd.py with 1, 2 and 3 ranks",
-                         links=links)
+                         links=links, salts=salts)
     except CheckFailure as err:
         return err
 

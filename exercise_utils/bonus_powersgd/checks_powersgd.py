@@ -33,7 +33,7 @@ from ..harness import check
 from ..contract import fail
 from . import expected
 from . import reference as ref
-from .checks import LINKS, TIMEOUT, _results, wire_key
+from .checks import LINKS, TIMEOUT, _results, wire_key, world_salts
 
 TOL = {"float32": 2e-4, "float64": 1e-9}   # |got - want| <= TOL * max|want| (float32 Gram-
 #   Schmidt at full rank: measured up to 2.4e-5; a mistake: 1e-1 and more; float64: 1e-13)
@@ -68,7 +68,7 @@ def check_powersgd(path, timeout=TIMEOUT):
     """Check ``PowerSGD`` on 1, 2 and 3 ranks in every setting (see the module docstring)."""
     for size, res in _results(path, "powersgd", timeout):
         for name in ref.SETTINGS:
-            Setting(name, size, [r[name] for r in res]).check()
+            Setting(name, size, [r[name] for r in res], world_salts(path, size)).check()
     links = LINKS.get(wire_key(path))
     if links:
         _check_wire(links)
@@ -114,10 +114,10 @@ def _check_wire(links):
 class Setting:
     """The checks of one setting on one world size, step by step."""
 
-    def __init__(self, name, size, runs):
-        self.name, self.size, self.runs = name, size, runs
+    def __init__(self, name, size, runs, salts=None):
+        self.name, self.size, self.runs, self.salts = name, size, runs, salts
         self.s = ref.SETTINGS[name]
-        self.want = expected.simulate(name, size)
+        self.want = expected.simulate(name, size, salts=salts)
         self.tol, self.esize = TOL[self.s.dtype], ESIZE[self.s.dtype]
         self.trainable = ref.trainable(self.s.model)
         self.label = (f"PowerSGD(params, rank={self.s.rank}, min_compression_rate={self.s.rate}"
@@ -273,7 +273,7 @@ class Setting:
                      f"uncompressed tensor): divide the flat buffer by the world size after "
                      f"its all_reduce")
         for flaw, hint in FLAWS.items():
-            flawed = expected.simulate(self.name, self.size, flaw)
+            flawed = expected.simulate(self.name, self.size, flaw, self.salts)
             if all(not self._differs(s["grads"], f["grads"])        # up to this step (later
                    for s, f in zip(steps[:step + 1], flawed)):     # ones may overflow)
                 fail(case, where + "PowerSGD: " + hint)

@@ -52,12 +52,14 @@ def _orth(p, flaw):
     return q * np.where(d == 0, 1.0, d)
 
 
-def simulate(name, size, flaw=None):
+def simulate(name, size, flaw=None, salts=None):
     """PowerSGD on ``size`` ranks in one process (float64, numpy: tiny matrices).
 
     Args:
         name: a key of :data:`SETTINGS`.
         size: world size.
+        salts: each rank's salt (a list, rank 0 first: :func:`.reference.gradient`), or
+            None: all 0.
         flaw: None, or one mistake: "no_error_feedback", "no_orthogonalization",
             "q_not_averaged", "no_warm_start" (a fresh Q every step), "always_warm"
             (warm start although warm_start=False).
@@ -75,7 +77,8 @@ def simulate(name, size, flaw=None):
         for i, (k, pname, shape, kind) in enumerate(trainable(s.model)):
             if kind == "none":
                 continue
-            grads = [gradient(s, k, step, w).double().numpy() for w in range(size)]
+            grads = [gradient(s, k, step, w, salts[w] if salts else 0).double().numpy()
+                     for w in range(size)]
             r = compression_rank(shape, s.rank, s.rate)
             if not r:
                 res["grads"][pname] = sum(grads) / size

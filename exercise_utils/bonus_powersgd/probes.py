@@ -223,7 +223,7 @@ def _probe_powersgd(student, ctx):
         for name, setting in SETTINGS.items():
             ctx.case(setting.case)
             try:
-                out[name] = _run_setting(student, rank, rec, setting)
+                out[name] = _run_setting(student, rank, rec, setting, ctx.salt)
             except NotImplementedError:
                 raise
             except Exception as exc:  # noqa: BLE001 - reported by the checker, in order
@@ -237,7 +237,7 @@ def _probe_powersgd(student, ctx):
     return out
 
 
-def _run_setting(student, rank, rec, setting):
+def _run_setting(student, rank, rec, setting, salt=0):
     named = _params(setting)
     compressor = student.PowerSGD((p for _, p, _ in named), rank=setting.rank,
                                   min_compression_rate=setting.rate,
@@ -247,7 +247,7 @@ def _run_setting(student, rank, rec, setting):
     steps = []
     for step in range(STEPS):
         for k, (_, p, kind) in enumerate(named):
-            p.grad = gradient(setting, k, step, rank) if kind in GRADIENTS else None
+            p.grad = gradient(setting, k, step, rank, salt) if kind in GRADIENTS else None
         rec.take()
         _reduce(compressor, named)
         steps.append(_snapshot(compressor, named, rec.take()))

@@ -175,11 +175,15 @@ def trainable(model):
     return [(k, *e) for k, e in enumerate(layout(model)) if e[2] != "frozen"]
 
 
-def gradient(setting, k, step, rank):
+def gradient(setting, k, step, rank, salt=0):
     """The gradient of the k-th parameter of the setting's layout on ``rank`` at ``step``
-    (normal in the setting's dtype, times :data:`SCALE`; in the memory layout of its kind)."""
+    (normal in the setting's dtype, times :data:`SCALE`; in the memory layout of its kind).
+    With ``salt`` 0 every rank can rebuild every rank's; where the judge observes the links
+    each rank's salt is a number only it was given (``ctx.salt``) and only the judge knows
+    them all."""
     _, shape, kind = layout(setting.model)[k]
-    gen = torch.Generator().manual_seed(1000 * step + 100 * rank + k)
+    gen = torch.Generator().manual_seed((1000 * step + 100 * rank + k + 1_000_003 * salt)
+                                        % (1 << 63))
     dtype = getattr(torch, setting.dtype)
     g = torch.randn(shape[::-1] if kind == "transposed" else shape, generator=gen, dtype=dtype)
     if kind == "transposed":
