@@ -44,3 +44,26 @@ def test_cheat_is_rejected_as_an_integrity_violation(stem):
     with pytest.raises(AssertionError) as err:
         checker_for(stem)(CHEATS / f"{stem}.py")
     assert VIOLATION in str(err.value), str(err.value)[-2000:]
+
+
+JUDGE = CHEATS / "judge"
+REPLAYS = {"07": "exercise_utils.bonus_zero_sharding.replay"}   # the judges' own references
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in JUDGE.glob("*.py")))
+def test_a_cheat_that_turns_the_ranks_reference_fails_the_judges(monkeypatch, stem):
+    """tests/cheats/judge/: files that make the reference computed beside them in the ranks
+    agree with them. Judged by that reference (the replay switched off) each passes, so the
+    trick is real and this test can fail; the judge's own replay fails the case the docstring
+    names."""
+    import re
+    cheat = JUDGE / f"{stem}.py"
+    case = re.search(r"Must fail\s+``([\w-]+)``", cheat.read_text())[1]
+    check, replay = checker_for(stem), importlib.import_module(REPLAYS[stem[:2]])
+    with monkeypatch.context() as patched:
+        for name in ("judge", "judge_checkpoint"):
+            patched.setattr(replay, name, lambda res, *args: res)
+        check(cheat)
+    with pytest.raises(AssertionError) as err:
+        check(cheat)
+    assert getattr(err.value, "case", None) == case, str(err.value)[-2000:]

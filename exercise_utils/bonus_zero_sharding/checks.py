@@ -30,7 +30,7 @@ import numpy as np
 
 from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, run_ranks
-from . import probes
+from . import probes, replay
 from .checks_memory import check_memory, expected_bytes  # noqa: F401 - the CHECK cell imports
 from .checks_sharded import (TIGHT, check_grads, check_groups, check_partitions, check_state,
                              check_train, compare)
@@ -104,6 +104,13 @@ def stage_results(path, stage, timeout):
                      f"be trained: every rank must compute the same assignment (check_sharded "
                      f"shows where)")
         yield size, res
+
+
+def sharded_results(path, size):
+    """The per-rank results of stage "sharded" kept for ``path`` with ``size`` ranks, or None
+    (stage "checkpoint" goes on from them: :func:`.replay.judge_checkpoint`)."""
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return _CACHE.get((digest, size), {}).get("results", {}).get("sharded")
 
 
 # ---------------------------------------------------------------- check_sharded
@@ -215,6 +222,7 @@ def check_sharded(path, timeout=TIMEOUT):
     and ``add_param_group`` with 2, 3 and 1 ranks (one launch each, shared with
     ``check_checkpoint``)."""
     for size, res in stage_results(path, "sharded", timeout):
+        replay.judge(res, size)      # the reference, replayed here: never the ranks'
         check_partitions(res)
         check_train(res, size)
         check_grads(res, size)

@@ -15,8 +15,8 @@ import numpy as np
 
 from ..harness import check
 from ..contract import fail
-from . import probes
-from .checks import TIMEOUT, stage_results
+from . import probes, replay
+from .checks import TIMEOUT, sharded_results, stage_results
 from .checks_sharded import ATOL, RTOL, TIGHT, compare, expected_owners
 
 FORMAT = ("the format of the unsharded optimizer: {'state': {global index: {name: tensor}}, "
@@ -130,6 +130,8 @@ def check_checkpoint(path, timeout=TIMEOUT):
     """Check ``consolidate_state_dict``, ``state_dict`` and ``load_state_dict`` (2, 3 and 1
     ranks; the same launches as ``check_sharded``)."""
     for size, res in stage_results(path, "checkpoint", timeout):
+        # the reference, replayed here: never the ranks'
+        replay.judge_checkpoint(res, size, sharded_results(path, size))
         nets = [out["net"] for out in res]
         check_consolidated("consolidate-values", [n["default"] for n in nets], size,
                            "consolidate_state_dict() (to left at its default, 0)")

@@ -189,6 +189,13 @@ def averaged_grads(ctx, ref_model, x, y):
             p.grad.div_(ctx.size)
 
 
+def grads_of(model):
+    """{name: gradient as an array, or None}: what the optimizers were given (the judge
+    replays the unsharded optimizer on them, once it has verified them: :mod:`.replay`)."""
+    return {n: None if p.grad is None else p.grad.detach().cpu().numpy().copy()
+            for n, p in model.named_parameters()}
+
+
 def copy_grads(model, ref_model):
     """The reference's gradients into ``model`` (a parameter without one keeps what it has)."""
     with torch.no_grad():
@@ -197,12 +204,14 @@ def copy_grads(model, ref_model):
                 p.grad = q.grad.clone()
 
 
-def lockstep(ctx, kind, dtype, step, ref_model, ref, followers, cases=None):
+def lockstep(ctx, kind, dtype, step, ref_model, ref, followers, cases=None, seen=None):
     """One step: averaged gradients on the reference, copied to each (model, sharded
     optimizer) of ``followers`` (each stepping under its check case of ``cases``, if given);
-    every optimizer steps."""
+    every optimizer steps. ``seen``: a list the gradients given are appended to."""
     x, y = batch(kind, step, ctx.rank, dtype)
     averaged_grads(ctx, ref_model, x, y)
+    if seen is not None:
+        seen.append(grads_of(ref_model))
     for i, (model, opt) in enumerate(followers):
         if cases:
             ctx.case(cases[i])

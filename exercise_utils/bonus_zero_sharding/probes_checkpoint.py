@@ -99,8 +99,9 @@ def baseline(student, ctx, objects):
     ctx.case("consolidate-fresh")
     for group in (ref.param_groups[0], opt.param_groups[0]):
         group["lr"] *= 0.5
+    out["seen"] = []               # the gradients given (the judge replays the reference)
     for step in range(STEPS, STEPS + 2):
-        lockstep(ctx, "net", "float32", step, ref_model, ref, [(model, opt)])
+        lockstep(ctx, "net", "float32", step, ref_model, ref, [(model, opt)], seen=out["seen"])
         opt.zero_grad()
     out["fresh"], saved = consolidated(ctx, opt, ref, 1 % ctx.size)
     ctx.case("load-values")
@@ -119,7 +120,7 @@ def baseline(student, ctx, objects):
         followers.append((model3, opt3))
         cases.append("load-round-trip")
     for step in range(STEPS + 2, STEPS + 2 + MORE_STEPS):
-        lockstep(ctx, "net", "float32", step, ref_model, ref, followers, cases)
+        lockstep(ctx, "net", "float32", step, ref_model, ref, followers, cases, out["seen"])
         for _, o in followers:
             o.zero_grad()
     out["loaded_final"], out["ref_final"] = named(model2), named(ref_model)
@@ -138,8 +139,9 @@ def round_trip(student, ctx, kind, dtype, objects):
     opt3 = student.ShardedOptimizer(list(model3.parameters()), torch.optim.AdamW,
                                     **{**ADAMW, "lr": 10 * LR})
     opt3.load_state_dict(saved)
+    out["seen"] = []
     for step in range(SHORT + 1, SHORT + 3):
-        lockstep(ctx, kind, dtype, step, ref_model, ref, [(model3, opt3)])
+        lockstep(ctx, kind, dtype, step, ref_model, ref, [(model3, opt3)], seen=out["seen"])
         opt3.zero_grad()
     out["final"], out["ref_final"] = named(model3), named(ref_model)
     return out

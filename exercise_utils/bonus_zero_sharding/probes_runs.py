@@ -11,8 +11,29 @@ import torch.nn.functional as F
 
 from .probes import (ADAMW, ADD_AT, BUILT, HEAD, SCHED, SCHED_STEPS, SGD, SHORT, STEPS,
                      CountingAdamW, CountingSGD, _elements, averaged_grads, batch, copy_grads,
-                     grad_states, groups_info, lockstep, make_model, measure_state, named,
-                     optimizers)
+                     grad_states, grads_of, groups_info, lockstep, make_model, measure_state,
+                     named, optimizers)
+
+
+def _listed(model):
+    return list(model.parameters())
+
+
+# The runs made with :func:`follow`, by name: its arguments (the judge replays the same
+# reference from them: :mod:`.replay`).
+RUNS = {
+    "float64": dict(dtype="float64"),
+    "edge": dict(kind="edge"),
+    "empty": dict(kind="tiny", params=lambda m: [m[0].weight],
+                  adds=[(1, lambda m: {"params": [m[2].weight]})]),
+    "sgd": dict(cls=CountingSGD, ref_cls=torch.optim.SGD, hyper=SGD),
+    "generator": dict(params=lambda m: m.parameters()),
+    "dicts": dict(params=lambda m: [{"params": list(m.body.parameters())},
+                                    {"params": list(m.head.parameters()), **HEAD}]),
+    "tensor_group": dict(params=lambda m: list(m.body.parameters()),
+                         adds=[(1, lambda m: {"params": m.head.weight, **HEAD}),
+                               (2, lambda m: {"params": m.head.bias})]),
+}
 
 
 def local_info(opt, model):
@@ -26,9 +47,9 @@ def local_info(opt, model):
             "groups": None if local is None else groups_info(local.param_groups, model)}
 
 
-def _summary(opt, model, ref, ref_model, grads):
+def _summary(opt, model, ref, ref_model, grads, seen):
     own = opt.state.values() if isinstance(opt, torch.optim.Optimizer) else []
-    return {"final": named(model), "ref": named(ref_model), "built": len(BUILT),
+    return {"final": named(model), "ref": named(ref_model), "built": len(BUILT), "seen": seen,
             "dtypes": {n: str(p.dtype).replace("torch.", "") for n, p in model.named_parameters()},
             "state": measure_state(opt, model), "own_state": sum(_elements(s) for s in own),
             "groups": groups_info(opt.param_groups, model) if hasattr(opt, "param_groups")
@@ -46,23 +67,19 @@ def baseline(student, ctx):
     ref = torch.optim.AdamW(list(ref_model.body.parameters()), **ADAMW)
     del BUILT[:]
     opt = student.ShardedOptimizer(list(model.body.parameters()), CountingAdamW, **ADAMW)
-    grads = []
+    grads, seen = [], []
     for step in range(STEPS):
         if step == ADD_AT:
             ctx.case("add-group-hyper")
             ref.add_param_group({"params": list(ref_model.head.parameters()), **HEAD})
             opt.add_param_group({"params": list(model.head.parameters()), **HEAD})
             ctx.case("step-values")
-        lockstep(ctx, "net", "float32", step, ref_model, ref, [(model, opt)])
+        lockstep(ctx, "net", "float32", step, ref_model, ref, [(model, opt)], seen=seen)
         opt.zero_grad()
         given, prefix = (model, "") if step >= ADD_AT else (model.body, "body.")
         grads.append(grad_states((prefix + n, p) for n, p in given.named_parameters()))
-    return {"init": init, **_summary(opt, model, ref, ref_model, grads)}, \
+    return {"init": init, **_summary(opt, model, ref, ref_model, grads, seen)}, \
         (ref_model, ref, model, opt)
-
-
-def _listed(model):
-    return list(model.parameters())
 
 
 def follow(student, ctx, kind="net", dtype="float32", params=_listed, cls=CountingAdamW,
@@ -74,16 +91,16 @@ def follow(student, ctx, kind="net", dtype="float32", params=_listed, cls=Counti
     ref = ref_cls(params(ref_model), **hyper)
     del BUILT[:]
     opt = student.ShardedOptimizer(params(model), cls, **hyper)
-    grads = []
+    grads, seen = [], []
     for step in range(SHORT):
         for at, group in adds:
             if step == at:
                 ref.add_param_group(group(ref_model))
                 opt.add_param_group(group(model))
-        lockstep(ctx, kind, dtype, step, ref_model, ref, [(model, opt)])
+        lockstep(ctx, kind, dtype, step, ref_model, ref, [(model, opt)], seen=seen)
         opt.zero_grad()
         grads.append(grad_states(model.named_parameters()))
-    return _summary(opt, model, ref, ref_model, grads), (ref_model, ref, model, opt)
+    return _summary(opt, model, ref, ref_model, grads, seen), (ref_model, ref, model, opt)
 
 
 def zeros(ctx, kind, dtype, objects):
@@ -105,7 +122,7 @@ def with_closure(student, ctx):
     model = copy.deepcopy(ref_model)
     ref = torch.optim.AdamW(ref_model.parameters(), **ADAMW)
     opt = student.ShardedOptimizer(list(model.parameters()), torch.optim.AdamW, **ADAMW)
-    out = {"calls": [], "returned": []}
+    out = {"calls": [], "returned": [], "seen": []}
     for step in range(SHORT):
         x, y = batch("net", step, ctx.rank)
 
@@ -118,6 +135,8 @@ def with_closure(student, ctx):
                 dist.all_reduce(p.grad)
                 p.grad.div_(ctx.size)
             log.append(loss)
+            if m is ref_model:
+                out["seen"].append(grads_of(m))
             return loss
         mine, theirs = [], []
         got = opt.step(lambda: closure(model, mine))
@@ -145,9 +164,9 @@ def scheduled(student, ctx):
         return {"error": f"{type(exc).__name__}: {exc}"}
     ctx.case("scheduler-values")
     ref_sched = torch.optim.lr_scheduler.StepLR(ref, **SCHED)
-    out = {"lrs": [], "ref_lrs": []}
+    out = {"lrs": [], "ref_lrs": [], "seen": []}
     for step in range(SCHED_STEPS):
-        lockstep(ctx, "net", "float32", step, ref_model, ref, [(model, opt)])
+        lockstep(ctx, "net", "float32", step, ref_model, ref, [(model, opt)], seen=out["seen"])
         sched.step()
         ref_sched.step()
         opt.zero_grad()
@@ -162,26 +181,22 @@ def run_all(student, ctx):
     ctx.case("step-values")
     out["train"], objects["net"] = baseline(student, ctx)
     ctx.case("float64")
-    out["float64"], objects["float64"] = follow(student, ctx, dtype="float64")
+    out["float64"], objects["float64"] = follow(student, ctx, **RUNS["float64"])
     ctx.case("edge-model")
-    out["edge"], objects["edge"] = follow(student, ctx, kind="edge")
+    out["edge"], objects["edge"] = follow(student, ctx, **RUNS["edge"])
     ctx.case("zero-grad-zeros")
     out["zeros"] = zeros(ctx, "edge", "float32", objects["edge"])
     ctx.case("step-closure")
     out["closure"] = with_closure(student, ctx)
     ctx.case("empty-rank")
-    out["empty"], _ = follow(student, ctx, kind="tiny", params=lambda m: [m[0].weight],
-                             adds=[(1, lambda m: {"params": [m[2].weight]})])
+    out["empty"], _ = follow(student, ctx, **RUNS["empty"])
     ctx.case("optimizer-cls")
-    out["sgd"], _ = follow(student, ctx, cls=CountingSGD, ref_cls=torch.optim.SGD, hyper=SGD)
+    out["sgd"], _ = follow(student, ctx, **RUNS["sgd"])
     ctx.case("init-params")
-    out["generator"], _ = follow(student, ctx, params=lambda m: m.parameters())
-    out["dicts"], _ = follow(student, ctx, params=lambda m: [
-        {"params": list(m.body.parameters())}, {"params": list(m.head.parameters()), **HEAD}])
+    out["generator"], _ = follow(student, ctx, **RUNS["generator"])
+    out["dicts"], _ = follow(student, ctx, **RUNS["dicts"])
     ctx.case("add-group-tensor")
-    out["tensor_group"], _ = follow(student, ctx, params=lambda m: list(m.body.parameters()),
-                                    adds=[(1, lambda m: {"params": m.head.weight, **HEAD}),
-                                          (2, lambda m: {"params": m.head.bias})])
+    out["tensor_group"], _ = follow(student, ctx, **RUNS["tensor_group"])
     ctx.case("scheduler-accepts")
     out["scheduler"] = scheduled(student, ctx)
     return out, objects
