@@ -135,7 +135,7 @@ class Context(SimpleNamespace):
 def _context(args, rank, phase):
     size = int(os.environ.get("WORLD_SIZE", os.environ.get("PMI_SIZE", 1)))
     ctx = Context(phase, rank=rank, size=size, backend=args.backend, comm=None,
-                  salt=_salt())
+                  salt=_salt(args.out, rank, float(args.timeout)))
     if args.backend == "mpi":
         from mpi4py import MPI
         ctx.comm = MPI.COMM_WORLD
@@ -147,12 +147,26 @@ def _context(args, rank, phase):
     return ctx
 
 
-def _salt():
-    """A number only this rank knows (its private folder's ``salt``: where the judge gives
-    ranks private folders, :func:`exercise_utils.harness.run_ranks`'s ``salts``), else 0.
-    Probes mix it into this rank's inputs, which the other ranks then cannot rebuild."""
+def _salt(out, rank, timeout):
+    """A number only this rank knows, else 0 (:func:`exercise_utils.harness.run_ranks`'s
+    ``salts``): its private folder's ``salt`` where the judge gives ranks private folders;
+    else the launch folder's ``salt<rank>``, read and deleted, after which this waits (up to
+    ``timeout`` seconds) until every rank has taken its own, so that no student code runs
+    while another rank's file is there. Probes mix it into this rank's inputs, which the
+    other ranks then cannot rebuild."""
     folder = os.environ.get("DTFS_PRIVATE")
-    return int((Path(folder) / "salt").read_text()) if folder else 0
+    if folder:
+        return int((Path(folder) / "salt").read_text())
+    path = Path(out) / f"salt{rank}"
+    try:
+        salt = int(path.read_text())
+    except FileNotFoundError:
+        return 0
+    path.unlink()
+    end = time.monotonic() + timeout
+    while list(Path(out).glob("salt*")) and time.monotonic() < end:
+        time.sleep(0.01)
+    return salt
 
 
 def _warm_up():

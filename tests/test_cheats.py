@@ -67,3 +67,39 @@ def test_a_cheat_that_turns_the_ranks_reference_fails_the_judges(monkeypatch, st
     with pytest.raises(AssertionError) as err:
         check(cheat)
     assert getattr(err.value, "case", None) == case, str(err.value)[-2000:]
+
+
+SALTED = CHEATS / "salted"
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in SALTED.glob("*.py")))
+def test_a_cheat_that_rebuilds_the_other_ranks_inputs_fails_where_they_are_salted(monkeypatch,
+                                                                                  stem):
+    """tests/cheats/salted/: files that compute the combined result from the other ranks'
+    inputs, rebuilt locally, beside decoy collectives. Without salts each passes (the trick is
+    real, this test can fail); with salts (as at grading: DTFS_SALT=1) every rank's inputs
+    derive from a number only it was given, and the case the docstring names fails."""
+    import re
+    from exercise_utils import harness
+    cheat = SALTED / f"{stem}.py"
+    case = re.search(r"Must fail\s+``([\w-]+)``", cheat.read_text())[1]
+    check = checker_for(stem)
+    monkeypatch.setenv(harness.SALT, "0")
+    check(cheat)
+    monkeypatch.setenv(harness.SALT, "1")
+    with pytest.raises(AssertionError) as err:
+        check(cheat)
+    assert getattr(err.value, "case", None) == case, str(err.value)[-2000:]
+
+
+def test_every_salted_check_passes_its_right_files_with_salts(monkeypatch):
+    """The checks that salt their inputs accept every right file of theirs with salts on."""
+    from exercise_utils import harness
+    monkeypatch.setenv(harness.SALT, "1")
+    checked = []
+    for cheat in SALTED.glob("*.py"):
+        exercise = checker_for(cheat.stem).__name__[len("check_"):]
+        for path in sorted((ROOT / "tests" / "right").glob(f"{cheat.stem[:2]}_{exercise}_*.py")):
+            checker_for(path.stem)(path)
+            checked.append(path.name)
+    assert checked

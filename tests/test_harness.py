@@ -391,3 +391,21 @@ def test_a_mismatch_names_its_likely_cause():
     with pytest.raises(AssertionError) as err:
         assert_close(moved(1.7), want, "x", 0, start=start, size=3)
     assert "Likely cause" not in str(err.value)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_each_rank_takes_its_own_salt_before_any_student_code(tmp_path, monkeypatch, size):
+    """Where salts are given (at grading; here DTFS_SALT=1) each rank's ``ctx.salt`` is the
+    number the judge wrote for it alone, and when the student's code runs no rank's salt file
+    is left to read (each rank deleted its own, then waited for the others). Without salts
+    every ``ctx.salt`` is 0 and the judge gets none."""
+    path = student(tmp_path, "x = 1\n")
+    monkeypatch.setenv(harness.SALT, "1")
+    salts = {}
+    got = run_ranks(path, "harness_probes:probe_salt", size, "gloo", timeout=60, salts=salts)
+    assert sorted(salts) == list(range(size)) and len(set(salts.values())) == size, salts
+    assert got == [(salts[r], []) for r in range(size)], (got, salts)
+    monkeypatch.setenv(harness.SALT, "0")
+    none = {}
+    assert run_ranks(path, "harness_probes:probe_salt", size, "gloo", timeout=60,
+                     salts=none) == [(0, [])] * size and none == {}

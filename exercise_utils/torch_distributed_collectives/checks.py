@@ -250,19 +250,21 @@ def check_average_gradients(path, timeout=TIMEOUT):
     that holds no sample in a step, and (3 ranks) inside process groups of non-consecutive
     ranks (``group=``), each averaging over its own ranks."""
     for size in (3, 2):      # 3 first: every case runs there (a group too)
+        salts = {}           # (at grading each rank's rows derive from a number only it knows)
         out = run_ranks(path, probes.probe_average_gradients, size, "gloo", timeout=timeout,
-                        case="avg-values", what="average_gradients")
+                        case="avg-values", what="average_gradients", salts=salts)
         for i, (case, kind, dtype, splits, grouped) in enumerate(avg_cases(size)):
             got = [r[i] for r in out]
             if grouped:
-                _check_avg_groups(got, size)
+                _check_avg_groups(got, size, salts)
             else:
-                _check_avg_case(case, kind, dtype, splits, got, list(range(size)))
+                _check_avg_case(case, kind, dtype, splits, got, list(range(size)), salts=salts)
 
 
-def _check_avg_case(case, kind, dtype, splits, got, ranks, where=None):
-    """The ranks ``ranks`` (their results ``got``) against one process on their rows."""
-    batches = avg_batches(splits, kind, dtype)
+def _check_avg_case(case, kind, dtype, splits, got, ranks, where=None, salts=None):
+    """The ranks ``ranks`` (their results ``got``) against one process on their rows
+    (``salts``: each rank's, from which its rows derive)."""
+    batches = avg_batches(splits, kind, dtype, salts)
     ref_grads, ref_state = avg_run(avg_model(kind, dtype), batches, group_rows(splits, ranks))
     sizes = [[s[r] for r in ranks] for s in splits]
     model = "FrozenTiedNet" if kind == "tied" else "EdgeNet (eval mode)"
@@ -295,9 +297,9 @@ def _check_avg_case(case, kind, dtype, splits, got, ranks, where=None):
                      f"docstring: {AVG_PROMISE[case]}", rank, atol, rtol, case=case, dtype=True)
 
 
-def _check_avg_groups(got, size):
+def _check_avg_groups(got, size, salts=None):
     splits = [AVG_GROUP_SPLIT]
-    batches = avg_batches(splits)
+    batches = avg_batches(splits, salts=salts)
     everyone = avg_run(avg_model(), batches)[0]
     for ranks in AVG_GROUPS[size]:
         where = f"group=dist.new_group({ranks}) of {size} ranks"
@@ -309,4 +311,4 @@ def _check_avg_groups(got, size):
                                   f"over all {size} ranks; it must average over the ranks of "
                                   f"`group` only ({ranks}): pass group=group to every all_reduce")
         _check_avg_case("avg-group", "tied", "float32", splits, [got[r] for r in ranks], ranks,
-                        where)
+                        where, salts)

@@ -217,12 +217,24 @@ def avg_model(kind="tied", dtype="float32"):
     return EdgeNet(dtype=getattr(torch, dtype)).eval()
 
 
-def avg_batches(splits, kind="tied", dtype="float32"):
-    """Per step, the global batch ``(x, y)`` (``sum(splits[step])`` samples)."""
+def avg_batches(splits, kind="tied", dtype="float32", salts=None):
+    """Per step, the global batch ``(x, y)`` (``sum(splits[step])`` samples), rank r's rows
+    (:func:`rows`) drawn from a seed of its own mixed with its salt (``salts``: ``{rank:
+    salt}``, 0 for a rank not in it). A rank is given only its own salt (``ctx.salt``; at
+    grading a number no other rank can read): the other ranks' rows it draws are not theirs,
+    and only the judge draws them all."""
     features, classes = (12, 3) if kind == "tied" else (6, 4)
-    g = torch.Generator().manual_seed(4321)
-    return [(torch.randn(sum(s), features, generator=g, dtype=getattr(torch, dtype)),
-             torch.randint(0, classes, (sum(s),), generator=g)) for s in splits]
+    out = []
+    for step, sizes in enumerate(splits):
+        xs, ys = [], []
+        for r, n in enumerate(sizes):
+            salt = (salts or {}).get(r, 0)
+            g = torch.Generator().manual_seed((4321 + 1009 * step + 31 * r + 1_000_003 * salt)
+                                              % (1 << 63))
+            xs.append(torch.randn(n, features, generator=g, dtype=getattr(torch, dtype)))
+            ys.append(torch.randint(0, classes, (n,), generator=g))
+        out.append((torch.cat(xs), torch.cat(ys)))
+    return out
 
 
 def _grads(model):
@@ -283,7 +295,7 @@ def probe_average_gradients(student, ctx):
         _seed_everything(1000 + ctx.rank)
         average = ((lambda n: student.average_gradients(model, n, group=group)) if grouped
                    else (lambda n: student.average_gradients(model, n)))
-        first, state = avg_run(model, avg_batches(splits, kind, dtype), rows(splits, ctx.rank),
-                               average)
+        first, state = avg_run(model, avg_batches(splits, kind, dtype, {ctx.rank: ctx.salt}),
+                               rows(splits, ctx.rank), average)
         out.append({"grads": first, "state": state})
     return out
