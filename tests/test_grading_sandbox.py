@@ -301,3 +301,17 @@ def test_a_sandbox_that_failed_to_start_runs_again(bwrap, tmp_path):  # noqa: F8
     assert sum("the sandbox failed to start" in n and "ran again" in n for n in notes) == 2
     assert sum("zygote exited with status 1" in n and "ran without it" in n
                for n in notes) == 1, notes
+
+
+def test_salts_reach_each_rank_alone_under_the_grading_policy(bwrap, tmp_path):  # noqa: F811
+    """At grading (the policy, no DTFS_SALT) a salted check's ranks get their salts in their
+    sandbox: a cheat that rebuilds the other ranks' rows fails, a right file passes."""
+    from exercise_utils import harness
+    cheat = ROOT / "tests" / "cheats" / "salted" / "03_average_gradients_local_mean.py"
+    right = ROOT / "tests" / "right" / "03_average_gradients_per_parameter.py"
+    course, folder, _ = submission(tmp_path, cheat.stem, "")
+    env = {k: v for k, v in policy_env(course).items() if k != harness.SALT}
+    caught = run_check(cheat, folder, env)
+    assert not caught["passed"] and "hold different gradients" in caught["message"], caught
+    passed = run_check(right, folder, env)
+    assert passed["passed"], passed
