@@ -74,7 +74,7 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
         salts: a dict to receive the number each rank alone was given (``{rank: int}``,
             ``ctx.salt`` in its probe), so that inputs the probe derives from it cannot be
             rebuilt by another rank (only received through its collectives). Given at
-            grading (:func:`salting`) to gloo launches of 2 or more ranks: where the links
+            grading (:func:`salting`) to launches of 2 or more ranks: where the links
             are observed each rank has a private folder holding it, which no other rank's
             sandbox can read; elsewhere each rank takes it from a file of the launch's folder
             and deletes it, and no rank's student code starts before every rank has (the
@@ -115,8 +115,7 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
                     if salts is not None:
                         salts.update(given)
                 else:
-                    if salts is not None and backend == "gloo" and world_size > 1 \
-                            and salting():
+                    if salts is not None and world_size > 1 and salting():
                         salts.update(_salt_files(tmp, world_size))
                     _launch(worker_args, world_size, backend, limit, what, watch)
             finally:

@@ -48,7 +48,7 @@ def _reduce_run(student, ctx, rec, function, case, spec):
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     for step in range(STEPS):
         opt.zero_grad(set_to_none=True)
-        x, y = batch(spec, step, ctx.rank)
+        x, y = batch(spec, step, ctx.rank, salt=ctx.salt)
         F.cross_entropy(model(x), y).backward()
         ptrs = {n: p.grad.data_ptr() for n, p in model.named_parameters() if p.grad is not None}
         rec.take()
@@ -103,7 +103,7 @@ def _train_ddp(student, ctx, rec, case, spec, make_ddp, pattern=None):
         rec.take()
         if step == 0 and pattern:
             idle = _accumulate(ctx, rec, ddp, spec, pattern, case)
-        x, y = batch(spec, step, ctx.rank)
+        x, y = batch(spec, step, ctx.rank, salt=ctx.salt)
         x.requires_grad_(True)
         x.register_hook(lambda g: rec.mark("input_grad"))
         F.cross_entropy(ddp(x), y).backward()
@@ -116,8 +116,8 @@ def _train_ddp(student, ctx, rec, case, spec, make_ddp, pattern=None):
                  "events": steps, "grads": grads, "idle": idle}
 
 
-def _backward(ddp, spec, rank, micro):
-    x, y = batch(spec, 0, rank, micro)
+def _backward(ddp, spec, ctx, micro):
+    x, y = batch(spec, 0, ctx.rank, micro, ctx.salt)
     F.cross_entropy(ddp(x), y).backward()
 
 
@@ -127,10 +127,10 @@ def _accumulate(ctx, rec, ddp, spec, pattern, case):
     with ddp.no_sync():
         if pattern == "nested":
             with ddp.no_sync():
-                _backward(ddp, spec, ctx.rank, 1)
-            _backward(ddp, spec, ctx.rank, 2)
+                _backward(ddp, spec, ctx, 1)
+            _backward(ddp, spec, ctx, 2)
         else:
-            _backward(ddp, spec, ctx.rank, 1)
+            _backward(ddp, spec, ctx, 1)
     rec.mark("no_sync_end")
     if pattern != "nested":
         return None
@@ -162,7 +162,7 @@ def _train_unused(student, ctx):
             ctx.case("buckets-after-error")
         opt.zero_grad(set_to_none=True)
         model.use_branch = step != UNUSED_AT
-        x, y = batch("branch", step, ctx.rank)
+        x, y = batch("branch", step, ctx.rank, salt=ctx.salt)
         F.cross_entropy(ddp(x), y).backward()
         try:
             ddp.finish_gradient_synchronization()

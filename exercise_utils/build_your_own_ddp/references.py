@@ -54,8 +54,12 @@ def _replay(spec, init, steps):
 
 def reference(spec, out, size, micros=None, steps=None):
     """replay() of the batches the probe gave each rank: ``steps`` (default all STEPS), step 0
-    with the micro-batches ``micros`` (e.g. [1, 0]: micro-batch 1 inside no_sync, then 0)."""
+    with the micro-batches ``micros`` (e.g. [1, 0]: micro-batch 1 inside no_sync, then 0).
+    Each rank's batches derive from its salt: ``out["salts"]``, which the judge put there
+    (:func:`.launches.mark_salts`), never the rank."""
     steps = range(STEPS) if steps is None else steps
+    salts = out.get("salts") or {}
     return replay(spec, out["init"], [
-        [[batch(spec, step, r, m) for m in (micros if step == 0 and micros else [0])]
+        [[batch(spec, step, r, m, salts.get(r, 0))
+          for m in (micros if step == 0 and micros else [0])]
          for r in range(size)] for step in steps])
