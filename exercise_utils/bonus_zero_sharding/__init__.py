@@ -10,6 +10,8 @@ Modules:
 * ``probes_memory``: calls the student's ``bytes_per_device`` in a lone process;
 * ``checks_sharded``: what ``check_sharded`` holds the ranks' results to;
 * ``checks_checkpoint``: ``check_checkpoint``;
+* ``replay``: the judge's reference: the unsharded optimizer replayed in the checker's
+  process, on the gradients the ranks report where they agree with its own;
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
 * ``probes``, ``probes_runs``, ``probes_checkpoint``: what runs inside the ranks those checks
