@@ -297,11 +297,16 @@ def salting():
     return wanted == "1" or (wanted != "0" and sandbox.policy() is not None)
 
 
+def _fresh_salts(world_size):
+    """``{rank: a fresh random number}`` (never 0: 0 means unsalted)."""
+    import secrets
+    return {r: secrets.randbits(48) + 1 for r in range(world_size)}
+
+
 def _salt_files(tmp, world_size):
     """A file ``salt<r>`` per rank in ``tmp`` (only its owner may read it: the rank deletes
     it before any student code runs, :func:`.rankworker._salt`); returns ``{rank: number}``."""
-    import secrets
-    salts = {r: secrets.randbits(48) + 1 for r in range(world_size)}
+    salts = _fresh_salts(world_size)
     for r, salt in salts.items():
         path = Path(tmp) / f"salt{r}"
         path.write_text(str(salt))
@@ -312,9 +317,8 @@ def _salt_files(tmp, world_size):
 def _private_salts(tmp, world_size):
     """A private folder per rank in ``tmp`` (``private<r>``) holding a fresh random number
     (``salt``); returns ``([folder of rank 0, 1, ...], {rank: number})``."""
-    import secrets
     folders = [Path(tmp) / f"private{r}" for r in range(world_size)]
-    salts = {r: secrets.randbits(48) + 1 for r in range(world_size)}
+    salts = _fresh_salts(world_size)
     for r, folder in enumerate(folders):
         folder.mkdir(mode=0o700)
         (folder / "salt").write_text(str(salts[r]))
