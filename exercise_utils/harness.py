@@ -70,7 +70,9 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
             counted them on the wire (``{(i, j): bytes}``), where :func:`observing`: then the
             gloo ranks run as the hosts of a mesh (:class:`.cluster.Cluster`), each in its own
             network namespace, and the judge reads the interfaces' counters from outside
-            (nothing a rank does can change them). Left empty elsewhere.
+            (nothing a rank does can change them). With ``backend="none"`` the probe sets up
+            its gloo group itself (``env://``: ``MASTER_ADDR`` is host 0's address there).
+            Left empty elsewhere.
         salts: a dict to receive the number each rank alone was given (``{rank: int}``,
             ``ctx.salt`` in its probe), so that inputs the probe derives from it cannot be
             rebuilt by another rank (only received through its collectives). Given at
@@ -108,7 +110,8 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
                                what, world_size, backend)
         try:
             try:
-                if links is not None and backend == "gloo" and world_size > 1 and observing():
+                if (links is not None and backend in ("gloo", "none") and world_size > 1
+                        and observing()):
                     folders, given = _private_salts(tmp, world_size)
                     links.update(_launch_on_mesh(worker_args, world_size, limit, what, watch,
                                                  folders))

@@ -84,3 +84,25 @@ def probe_salt(student, ctx):
     from pathlib import Path
     out = Path(sys._getframe(1).f_locals["args"].out)      # the worker's: the launch's folder
     return ctx.salt, sorted(p.name for p in out.glob("salt*"))
+
+
+def probe_collective_bytes(student, ctx, kind, numel, calls):
+    """``calls`` collectives ``kind`` of ``numel`` float32 elements per rank's input (the
+    reduce-scatter's input, the all-gather's and all-reduce's tensor), in a group the probe
+    sets up itself (``env://``, as notebooks 06, 07 and 09's probes do)."""
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.size)
+    n, t = ctx.size, torch.ones(numel)
+    for _ in range(calls):
+        if kind == "all_reduce":
+            dist.all_reduce(t)
+        elif kind == "broadcast":
+            dist.broadcast(t, 0)
+        elif kind == "reduce_scatter_tensor":
+            dist.reduce_scatter_tensor(torch.empty(numel // n), t)
+        elif kind == "all_gather_into_tensor":
+            dist.all_gather_into_tensor(torch.empty(numel), t[:numel // n].clone())
+    dist.barrier()
+    dist.destroy_process_group()
+    return ctx.rank
