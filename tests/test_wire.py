@@ -4,7 +4,10 @@ for it run as the hosts of a mesh (:class:`exercise_utils.cluster.Cluster` with 
 and the judge reads each directed link's byte counter from outside the ranks.
 
 * an empty run (a group set up and taken down) stays far inside the slack the envelopes allow;
-* every right file of the observing checks (03's ring, 08's PowerSGD) passes on the wire;
+* gloo moves what the envelopes assume, per collective (a reduce-scatter as much as an
+  all-reduce: it all-reduces and keeps its part);
+* every right file of the observing checks (03's ring, 08's PowerSGD, 09's Zero2) passes on
+  the wire;
 * every cheat of ``tests/cheats/wire/`` passes its check where links are not observed (so the
   trick is real and the test can fail) and fails the case its docstring names when they are
   (the bytes on a link; or, for a rank that rebuilds the others' inputs, the values: where
@@ -20,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from exercise_utils import cluster, harness
+from exercise_utils.bonus_fsdp import checks as checks_fsdp
 from exercise_utils.torch_distributed_collectives import checks_ring
 from test_cheats import checker_for
 from test_grading_sandbox import RUN_CHECK, policy_env, run_check, submission
@@ -49,6 +53,25 @@ def test_an_empty_run_stays_far_inside_the_slack(monkeypatch, tmp_path, size):
     assert max(links.values()) <= checks_ring.WIRE_SLACK / 4, links
 
 
+def test_the_envelope_of_zero2():
+    """Per step a reduce-scatter (2 (n - 1) B) and an all-gather ((n - 1) B) of the padded
+    vector, for the tied model's 4 steps and EdgeNet's 2 + 2; the most allows headers, the
+    set-up and one all-reduce of the vector per Zero2 built."""
+    runs = checks_fsdp.zero2_runs()
+    assert runs[0] == (72112, 4, 4) and [r[1:] for r in runs[1:]] == [(4, 2), (8, 2)]
+    edge = runs[1][0]
+    for size in (2, 3):
+        pad = -(-72112 // size) * size
+        epad = -(-edge // size) * size
+        data = 3 * (size - 1) * (4 * pad * 4 + 2 * epad * 4 + 2 * epad * 8)
+        least, most = checks_fsdp.zero2_wire_envelope(size)
+        assert least == int(0.95 * data)
+        built = 2 * (size - 1) * (pad * 4 + epad * 4 + epad * 8)
+        assert 1.05 * data + built < most < 1.05 * data + built + 1_000_000
+        # a hidden all-reduce of the whole gradient per step lands above the most
+        assert data + 2 * (size - 1) * 4 * pad * 4 > most
+
+
 def test_the_envelope_of_a_ring():
     env = checks_ring.wire_envelope(3, [((10,), "float32", [0, 1, 2])])
     # chunks of 4, 3, 3 elements: 4 messages of 3 to 4 elements to the right neighbour
@@ -59,7 +82,31 @@ def test_the_envelope_of_a_ring():
     assert grouped[0, 1][0] == grouped[1, 2][0] == 0
 
 
-OBSERVED = ("03_ring_allreduce_*.py", "08_powersgd_*.py")     # the checks that observe links
+# the checks that observe links
+OBSERVED = ("03_ring_allreduce_*.py", "08_powersgd_*.py", "09_zero2_*.py")
+# bytes on all links together for one collective over n ranks, in units of its B-byte tensor
+# (the all-gather's output, the reduce-scatter's input): what checks_fsdp's envelope assumes
+GLOO_VOLUME = {"all_reduce": 2, "broadcast": 1,
+               "reduce_scatter_tensor": checks_fsdp.REDUCE_SCATTER,
+               "all_gather_into_tensor": checks_fsdp.ALL_GATHER}
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_gloo_moves_what_the_envelopes_assume(monkeypatch, env_pythonpath, tmp_path, size):
+    """Four calls of each collective on a 768 kB tensor (3 x 2**16 float32 elements: divisible
+    by 2 and 3): the bytes on all links are ``GLOO_VOLUME[kind] * (n - 1)`` times the
+    tensor's, within 3% (measured 0.2-1.7% more)."""
+    observed(monkeypatch, True)
+    blank = tmp_path / "blank.py"
+    blank.write_text("")
+    numel, calls = 3 * 2 ** 16, 4
+    for kind, factor in GLOO_VOLUME.items():
+        links = {}
+        harness.run_ranks(blank, "harness_probes:probe_collective_bytes", size, "none",
+                          {"kind": kind, "numel": numel, "calls": calls}, links=links,
+                          what=kind)
+        want = factor * (size - 1) * calls * numel * 4
+        assert want <= sum(links.values()) <= 1.03 * want, (kind, size, links)
 
 
 @pytest.mark.parametrize("name", sorted(p.name for pattern in OBSERVED
@@ -88,16 +135,20 @@ def test_wire_cheat_passes_unobserved_and_fails_on_the_wire(monkeypatch, stem):
         assert "the network counted" in str(err.value)
 
 
-def test_the_wire_is_observed_under_the_grading_policy(bwrap, tmp_path):  # noqa: F811
-    """At grading (no DTFS_OBSERVE): each rank runs in bubblewrap inside its host's namespace;
-    a right ring passes, a cheat fails on the wire."""
-    cheat = sorted(WIRE.glob("03_*.py"))[0]
-    right = sorted((ROOT / "tests" / "right").glob("03_ring_allreduce_*.py"))[0]
+@pytest.mark.parametrize("cheat", ["03_ring_allreduce_all_gather_below",
+                                   "09_zero2_whole_gradient_below"])
+def test_the_wire_is_observed_under_the_grading_policy(bwrap, tmp_path, cheat):  # noqa: F811
+    """At grading (no DTFS_OBSERVE): each rank runs in bubblewrap inside its host's namespace
+    (03: the harness's gloo group; 09: the probe sets up its own); a right file passes, a
+    cheat fails on the wire."""
+    cheat = WIRE / f"{cheat}.py"
+    pattern = next(p for p in OBSERVED if p[:2] == cheat.name[:2])
+    right = sorted((ROOT / "tests" / "right").glob(pattern))[0]
     course, folder, _ = submission(tmp_path, cheat.stem, "")
     env = {k: v for k, v in policy_env(course).items() if k != harness.OBSERVE}
     caught = run_check(cheat, folder, env)
     assert not caught["passed"] and "the network counted" in caught["message"], caught
-    target = folder / "work" / f"03_ring_allreduce_{right.stem[len('03_ring_allreduce_'):]}.py"
+    target = folder / "work" / right.name
     target.write_text(right.read_text())
     out = subprocess.run([sys.executable, "-c", RUN_CHECK, checker_for(cheat.stem).__module__,
                           checker_for(cheat.stem).__name__, str(target)], cwd=folder, env=env,

@@ -43,10 +43,11 @@ CONTRACT = {
                cases=("zero2-freed-before-step",)),
         Clause("all-gather-updated", "all-gather the updated shards into every rank's "
                "parameters.", cases=("zero2-values",)),
-        Clause("no-all-reduce", "(no DDP, no all-reduce)", cases=("zero2-collectives",)),
+        Clause("no-all-reduce", "(no DDP, no all-reduce)",
+               cases=("zero2-collectives", "zero2-wire")),
         Clause("one-of-each", "every `step()` issues exactly one reduce-scatter (into the padded "
                "shard) and one all-gather (of the whole padded vector) and nothing else",
-               cases=("zero2-collectives",)),
+               cases=("zero2-collectives", "zero2-wire")),
         Clause("any-model", "Any model: float32 or float64 parameters (keep that dtype all the "
                "way), transposed ones (not contiguous: `reshape`, not `view`), 0-d ones, a weight "
                "tied between two layers (`parameters()` lists it once).",
