@@ -6,8 +6,8 @@ and the judge reads each directed link's byte counter from outside the ranks.
 * an empty run (a group set up and taken down) stays far inside the slack the envelopes allow;
 * gloo moves what the envelopes assume, per collective (a reduce-scatter as much as an
   all-reduce: it all-reduces and keeps its part);
-* every right file of the observing checks (03's ring, 08's PowerSGD, 09's Zero2) passes on
-  the wire;
+* every right file of the observing checks (03's ring, 08's PowerSGD, 09's Zero2 and Zero3)
+  passes on the wire;
 * every cheat of ``tests/cheats/wire/`` passes its check where links are not observed (so the
   trick is real and the test can fail) and fails the case its docstring names when they are
   (the bytes on a link; or, for a rank that rebuilds the others' inputs, the values: where
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from exercise_utils import cluster, harness
-from exercise_utils.bonus_fsdp import checks as checks_fsdp
+from exercise_utils.bonus_fsdp import wire as checks_fsdp
 from exercise_utils.torch_distributed_collectives import checks_ring
 from test_cheats import checker_for
 from test_grading_sandbox import RUN_CHECK, policy_env, run_check, submission
@@ -72,6 +72,22 @@ def test_the_envelope_of_zero2():
         assert data + 2 * (size - 1) * 4 * pad * 4 > most
 
 
+def test_the_envelope_of_zero3():
+    """The tied model's 4 steps: forward gathers every unit, backward gathers the four blocks
+    again (the root at most) and reduce-scatters every unit; a final forward gathers every
+    unit. A hidden all-reduce of every unit's gradient per step lands above the most."""
+    sizes = [16383, 16384, 16512, 16512, 6321]
+    for size in (2, 3):
+        pads = [-(-n // size) * size * 4 for n in sizes]
+        blocks, root = sum(pads[:4]), pads[4]
+        per_step = (1 + 2) * (blocks + root) + blocks
+        least, most = checks_fsdp.zero3_wire_envelope(size)
+        assert least == int(0.95 * (size - 1) * (4 * per_step + blocks + root))
+        top = (size - 1) * (4 * (per_step + root) + blocks + root)
+        assert 1.05 * top < most < 1.05 * top + 2 * (size - 1) * (blocks + root) + 3_000_000
+        assert top + 4 * 2 * (size - 1) * (blocks + root) > most
+
+
 def test_the_envelope_of_a_ring():
     env = checks_ring.wire_envelope(3, [((10,), "float32", [0, 1, 2])])
     # chunks of 4, 3, 3 elements: 4 messages of 3 to 4 elements to the right neighbour
@@ -83,7 +99,7 @@ def test_the_envelope_of_a_ring():
 
 
 # the checks that observe links
-OBSERVED = ("03_ring_allreduce_*.py", "08_powersgd_*.py", "09_zero2_*.py")
+OBSERVED = ("03_ring_allreduce_*.py", "08_powersgd_*.py", "09_zero2_*.py", "09_zero3_*.py")
 # bytes on all links together for one collective over n ranks, in units of its B-byte tensor
 # (the all-gather's output, the reduce-scatter's input): what checks_fsdp's envelope assumes
 GLOO_VOLUME = {"all_reduce": 2, "broadcast": 1,

@@ -7,6 +7,8 @@ Modules:
 * ``checks_zero3``: ``check_zero3`` and ``check_state_dict``;
 * ``launches``: their launches (one per world size and stage set, kept per file content) and
   what the checkers share;
+* ``wire``: the bytes the launches of ``Zero2`` and ``Zero3`` may put on the links between the
+  ranks, where those are observed (at grading);
 * ``shards``: ``shard_flat``'s sweep, run in a lone process;
 * ``probes``: what runs inside the ranks of ``check_zero2``'s launches (with the core's
   ``exercise_utils.recorder`` logging every collective), on the models and data of ``nets``;

@@ -18,7 +18,7 @@ int64 counter) in float32 and float64. Every failure names the case of the contr
   shards of gradient, master copy and momentum (MEASURED: :mod:`.memory`); at grading
   (:func:`exercise_utils.harness.observing`) the launches run on a mesh and the bytes all
   links carried, read outside the ranks, are those two collectives' per step
-  (:func:`zero2_wire_envelope`), else ``zero2-wire``.
+  (:func:`.wire.zero2_wire_envelope`), else ``zero2-wire``.
 * ``check_zero3``: ``parameters()`` yields exactly the shards; per step, forward all-gathers
   each unit once (its padded size), backward gathers each at most once and reduce-scatters
   each once, no other collective; the outputs after training equal the reference's; after
@@ -26,7 +26,8 @@ int64 counter) in float32 and float64. Every failure names the case of the contr
   gathered parameters; at every leaf module's forward at most the root's and that unit's
   gathered parameters are alive above the start of forward (plus ``SLACK`` for activations),
   after forward at most the root's; after the step the bytes alive are 1/N of parameters,
-  gradients and momentum; EdgeNet in float32, float64 and with two backward passes per step.
+  gradients and momentum; EdgeNet in float32, float64 and with two backward passes per step;
+  at grading the bytes all links carried are those collectives' (``zero3-wire``).
 * ``check_state_dict``: rank 0's ``full_state_dict()`` equals the reference's ``state_dict()``
   (every key: tied, frozen, buffer; dtypes kept), the other ranks get None; it leaves every
   unit resharded; loaded into a model built from another seed whose optimizer exists already,
@@ -43,6 +44,7 @@ from ..contract import fail
 from ..harness import HANG_AFTER, assert_close, check, run_ranks
 from . import nets, references, shards
 from .checks_zero3 import check_state_dict, check_zero3  # noqa: F401 - the CHECK cells' import
+from .wire import zero2_runs, zero2_wire_envelope
 from .launches import (ATOL, FIXED, FP32, RTOL, SHARDED, SLACK, TIGHT, kb, kinds, links_of,
                        stage_results,
                        padded)
@@ -152,46 +154,9 @@ def _zero2_memory(size):
 
 
 # ---------------------------------------------------------------- zero2 on the wire
-# Where links are observed (grading: :func:`exercise_utils.harness.observing`) the launches of
-# Zero2 run each rank as a host of a mesh, and the judge reads the bytes of every link.
-WIRE_SETUP = 256_000     # bytes on all links beyond the steps: the group's set-up, the probe's
-#                          barrier (an empty run measured 1-4 kB per link: tests/test_wire.py)
-MESSAGE_SLACK = 1_500    # bytes per gloo message: TCP/IP and gloo headers, acknowledgements
-WIRE_OVERHEAD = 0.05     # headers in proportion to the data (measured 0.2-1.7%)
-# What gloo puts on all links together for one collective over N ranks (measured on the mesh:
-# tests/test_wire.py): a reduce-scatter of a B-byte input all-reduces it and keeps its part,
-# 2 (N - 1) B like an all-reduce; an all-gather into a B-byte output sends each rank's part
-# straight to every other rank, (N - 1) B.
-REDUCE_SCATTER, ALL_GATHER = 2, 1
-
-
-def zero2_runs():
-    """``(trainable elements, bytes per element, steps)`` of each Zero2 the probe trains: the
-    tied model (float32), then EdgeNet in float32 and float64."""
-    edge = [(sum(p.numel() for p in nets.edge_model(0, dtype).parameters() if p.requires_grad),
-             np.dtype(dtype).itemsize, nets.EDGE_STEPS) for dtype in ("float32", "float64")]
-    return [(sum(nets.unit_numels()), FP32, nets.STEPS)] + edge
-
-
-def zero2_wire_envelope(size):
-    """``(least, most)`` bytes all links of a Zero2 launch with ``size`` ranks carry: per step
-    one reduce-scatter of the padded flat gradient and one all-gather of the padded flat
-    parameters (:data:`REDUCE_SCATTER`, :data:`ALL_GATHER`), plus headers and the set-up; at
-    most one all-reduce of the padded vector more per ``Zero2`` built (a rank may synchronise
-    the parameters when it starts: the notebook does not ask for it, nor forbid it)."""
-    data = built = messages = 0
-    for numel, item, steps in zero2_runs():
-        nbytes = padded(numel, size) * item
-        data += steps * (REDUCE_SCATTER + ALL_GATHER) * (size - 1) * nbytes
-        built += 2 * (size - 1) * nbytes
-        messages += (steps + 1) * 3 * size * 2 * (size - 1)
-    return (int(data * (1 - WIRE_OVERHEAD)),
-            int(data * (1 + WIRE_OVERHEAD) + built + messages * MESSAGE_SLACK + WIRE_SETUP))
-
-
 def _check_zero2_wire(path, size):
     """The bytes the kernel counted on the launch's links (read outside the ranks: nothing in
-    them can change the counters) against :func:`zero2_wire_envelope`."""
+    them can change the counters) against :func:`.wire.zero2_wire_envelope`."""
     links = links_of(path, size, ["zero2"])
     if not links:
         return

@@ -6,8 +6,9 @@ Used in 09_bonus_fsdp.
 from ..contract import fail
 from ..harness import assert_close, check
 from . import nets
-from .launches import (ATOL, FIXED, FP32, RTOL, SHARDED, SLACK, TIGHT, kb, kinds, stage_results,
-                       padded)
+from .launches import (ATOL, FIXED, FP32, RTOL, SHARDED, SLACK, TIGHT, kb, kinds, links_of,
+                       stage_results, padded)
+from .wire import zero3_wire_envelope
 
 
 # ---------------------------------------------------------------- check_zero3
@@ -127,6 +128,29 @@ def check_zero3(path):
                      f"and the frozen parameter and buffer. Free the gathered parameters and "
                      f"the full gradients")
             _check_zero3_edge(size, rank, out)
+        _check_zero3_wire(path, size)
+
+
+def _check_zero3_wire(path, size):
+    """The bytes the kernel counted on the launch's links (read outside the ranks: nothing in
+    them can change the counters) against :func:`.wire.zero3_wire_envelope`."""
+    links = links_of(path, size, ["zero3"])
+    if not links:
+        return
+    least, most = zero3_wire_envelope(size)
+    sent = sum(links.values())
+    if least <= sent <= most:
+        return
+    fail("zero3-wire",
+         f"with {size} ranks, the network counted {sent:,} bytes on the links between the "
+         f"ranks while they trained Zero3 ({nets.STEPS} steps of the tied model and a forward, "
+         f"then EdgeNet three times); per step, each unit all-gathered in forward, gathered "
+         f"again in backward and its gradient reduce-scattered put {least:,} to {most:,} "
+         f"bytes there. The calls your code made through torch.distributed did not show this "
+         f"traffic: the bytes come from the kernel's counters of each link, read outside the "
+         f"ranks. Gather a unit's parameters with dist.all_gather_into_tensor and reduce-"
+         f"scatter its gradient with dist.reduce_scatter_tensor (the given _Gather does "
+         f"both), nothing else.")
 
 
 # ---------------------------------------------------------------- check_state_dict

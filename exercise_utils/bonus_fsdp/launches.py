@@ -24,7 +24,7 @@ SCATTERS = ("reduce_scatter", "reduce_scatter_tensor")
 FP32 = 4
 FIXED = 2 * nets.WIDTH * FP32          # the frozen gain and the buffer: on every rank
 FIRST = {"zero2": "zero2-collectives", "zero3": "zero3-collectives", "state_dict": "state-rank0"}
-OBSERVED = ("zero2",)       # where links are observed (grading), launches of these run on a mesh
+OBSERVED = ("zero2", "zero3")   # at grading (links observed) their launches run on a mesh
 _CACHE = {}
 LINKS = {}                  # launch key -> bytes per directed link (where observed)
 

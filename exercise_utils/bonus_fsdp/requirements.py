@@ -87,7 +87,7 @@ CONTRACT = {
                cases=("zero3-parameters",)),
         Clause("collectives", "per step, forward all-gathers each unit once (at its padded "
                "size), backward gathers each unit at most once and reduce-scatters each once, "
-               "nothing else", cases=("zero3-collectives",)),
+               "nothing else", cases=("zero3-collectives", "zero3-wire")),
         Clause("memory", "after the optimizer step at most `1/N` of parameters, gradients and "
                "momentum (plus 16 kB)", cases=("zero3-memory",)),
         Clause("equals-one-process", "after 4 steps the outputs equal one process's",

@@ -1,0 +1,90 @@
+"""What notebook 09's launches may put on the wire (the judge's; hidden from the ranks at
+grading). Where links are observed (grading: :func:`exercise_utils.harness.observing`) the
+launches of ``Zero2`` and ``Zero3`` run each rank as a host of a mesh and the judge reads the
+bytes of every link from the kernel's counters, outside the ranks: all links together must
+carry what the collectives the notebook asks for put there, from the least a right file can
+send to the most (:func:`zero2_wire_envelope`, :func:`zero3_wire_envelope`).
+
+Used in 09_bonus_fsdp (by :mod:`.checks` and :mod:`.checks_zero3`).
+"""
+from . import nets
+from .launches import FP32, padded
+
+WIRE_SETUP = 256_000     # bytes on all links beyond the collectives: the group's set-up, the
+#                          probe's barrier (an empty run measured 1-4 kB per link: test_wire)
+MESSAGE_SLACK = 800      # bytes per gloo message (2 n (n - 1) per collective over n ranks):
+#                          TCP/IP and gloo headers, acknowledgements (Zero3's launches, 227
+#                          collectives of 4 to 66 kB: about 465 per message measured)
+WIRE_OVERHEAD = 0.05     # headers in proportion to the data (measured 0.2-1.7%)
+# What gloo puts on all links together for one collective over n ranks, in units of (n - 1) B
+# (measured on the mesh: tests/test_wire.py): a reduce-scatter of a B-byte input all-reduces it
+# and keeps its part, 2 (n - 1) B like an all-reduce; an all-gather into a B-byte output sends
+# each rank's part straight to every other rank, (n - 1) B.
+REDUCE_SCATTER, ALL_GATHER = 2, 1
+
+
+def _messages(calls, size):
+    return calls * 2 * size * (size - 1)
+
+
+def _edge_numel():
+    return sum(p.numel() for p in nets.edge_model(0, "float32").parameters() if p.requires_grad)
+
+
+def zero2_runs():
+    """``(trainable elements, bytes per element, steps)`` of each Zero2 the probe trains: the
+    tied model (float32), then EdgeNet in float32 and float64."""
+    return [(sum(nets.unit_numels()), FP32, nets.STEPS),
+            (_edge_numel(), 4, nets.EDGE_STEPS), (_edge_numel(), 8, nets.EDGE_STEPS)]
+
+
+def zero2_wire_envelope(size):
+    """``(least, most)`` bytes all links of a Zero2 launch with ``size`` ranks carry: per step
+    one reduce-scatter of the padded flat gradient and one all-gather of the padded flat
+    parameters, plus headers and the set-up; at most one all-reduce of the padded vector more
+    per ``Zero2`` built (a rank may synchronise the parameters when it starts: the notebook
+    does not ask for it, nor forbid it)."""
+    data = built = calls = 0
+    for numel, item, steps in zero2_runs():
+        nbytes = padded(numel, size) * item
+        data += steps * (REDUCE_SCATTER + ALL_GATHER) * (size - 1) * nbytes
+        built += 2 * (size - 1) * nbytes
+        calls += 2 * steps + 1
+    return (int(data * (1 - WIRE_OVERHEAD)),
+            int(data * (1 + WIRE_OVERHEAD) + built + _messages(calls, size) * MESSAGE_SLACK
+                + WIRE_SETUP))
+
+
+# EdgeNet's Zero3 runs: (bytes per element, backward passes per step); its units and the root
+EDGE_RUNS = ((4, 1), (8, 1), (4, 2))
+
+
+def zero3_wire_envelope(size):
+    """``(least, most)`` bytes all links of a Zero3 launch with ``size`` ranks carry.
+
+    The tied model, ``STEPS`` steps then one forward: per step each unit all-gathered in
+    forward and its gradient reduce-scattered in backward; each of the four blocks gathered
+    again in backward (after forward only the root's parameters may stay gathered), the root
+    at most. Then EdgeNet in float32, float64 and with two backward passes per step, each
+    ``EDGE_STEPS`` steps and one forward: at most a gather, a gather again and a reduce-scatter
+    of every unit per pass (a few hundred elements: counted in the most only). Plus headers,
+    the set-up, and at most one all-reduce of the padded vector per ``Zero3`` built."""
+    sizes = [padded(n, size) * FP32 for n in nets.unit_numels()]
+    blocks, root = sum(sizes[:-1]), sizes[-1]
+    steps, units = nets.STEPS, len(sizes)
+    unit = (size - 1)
+    least = unit * (steps * ((ALL_GATHER + REDUCE_SCATTER) * (blocks + root) + ALL_GATHER * blocks)
+                    + ALL_GATHER * (blocks + root))
+    most = least + unit * steps * ALL_GATHER * root
+    built = 2 * unit * (blocks + root)
+    calls = steps * 3 * units + units + 1
+    edge_units = len(nets.EDGE_UNITS) + 1
+    for item, micro in EDGE_RUNS:
+        passes = nets.EDGE_STEPS * micro
+        vector = padded(_edge_numel(), size) * item
+        most += unit * (passes * (2 * ALL_GATHER + REDUCE_SCATTER) + ALL_GATHER) * vector
+        built += 2 * unit * vector
+        calls += (passes * 3 + 1) * edge_units + 1
+    return (int(least * (1 - WIRE_OVERHEAD)),
+            int(most * (1 + WIRE_OVERHEAD) + built + _messages(calls, size) * MESSAGE_SLACK
+                + WIRE_SETUP))
