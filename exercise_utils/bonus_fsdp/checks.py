@@ -16,7 +16,8 @@ int64 counter) in float32 and float64. Every failure names the case of the contr
   full gradient left on the model after ``step()``, none (and no flat buffer) alive while the
   local optimizer steps; the bytes alive after the step at most the parameters plus the 1/N
   shards of gradient, master copy and momentum (MEASURED: :mod:`.memory`); at grading
-  (:func:`exercise_utils.harness.observing`) the launches run on a mesh and the bytes all
+  (:func:`exercise_utils.harness.observing`) the launch with 3 ranks runs on a mesh and the
+  bytes all
   links carried, read outside the ranks, are those two collectives' per step
   (:func:`.wire.zero2_wire_envelope`), else ``zero2-wire``.
 * ``check_zero3``: ``parameters()`` yields exactly the shards; per step, forward all-gathers

@@ -24,7 +24,9 @@ SCATTERS = ("reduce_scatter", "reduce_scatter_tensor")
 FP32 = 4
 FIXED = 2 * nets.WIDTH * FP32          # the frozen gain and the buffer: on every rank
 FIRST = {"zero2": "zero2-collectives", "zero3": "zero3-collectives", "state_dict": "state-rank0"}
-OBSERVED = ("zero2", "zero3")   # at grading (links observed) their launches run on a mesh
+OBSERVED = ("zero2", "zero3")   # at grading (links observed) their launches with
+OBSERVED_SIZE = 3                # OBSERVED_SIZE ranks run on a mesh (each observed launch
+#                                  starts a fresh interpreter per rank on its own host)
 _CACHE = {}
 LINKS = {}                  # launch key -> bytes per directed link (where observed)
 
@@ -40,7 +42,7 @@ def _key(path, size, stages):
 def launch(path, size, stages):
     key = _key(path, size, stages)
     if key not in _CACHE:
-        links = {} if any(s in OBSERVED for s in stages) else None
+        links = {} if size == OBSERVED_SIZE and any(s in OBSERVED for s in stages) else None
         _CACHE[key] = run_ranks(path, probes.probe, size, "none",
                                 dict(stages=list(stages), gloo_timeout=GLOO_TIMEOUT),
                                 HANG_AFTER, what=f"09_fsdp.py with {size} ranks",

@@ -1,6 +1,7 @@
 """What notebook 09's launches may put on the wire (the judge's; hidden from the ranks at
 grading). Where links are observed (grading: :func:`exercise_utils.harness.observing`) the
-launches of ``Zero2`` and ``Zero3`` run each rank as a host of a mesh and the judge reads the
+launches of ``Zero2`` and ``Zero3`` with 3 ranks (:data:`.launches.OBSERVED_SIZE`) run each
+rank as a host of a mesh and the judge reads the
 bytes of every link from the kernel's counters, outside the ranks: all links together must
 carry what the collectives the notebook asks for put there, from the least a right file can
 send to the most (:func:`zero2_wire_envelope`, :func:`zero3_wire_envelope`).

@@ -19,9 +19,10 @@ contract (:mod:`.requirements`): on the baseline each aspect has its own case (`
 input, whatever fails is charged to that input's case (``ring-uneven``, ``ring-float64``, ...);
 a hang is ``ring-deadlock``.
 
-At grading (:func:`exercise_utils.harness.observing`) the launches with 3 and 4 ranks run on a
-mesh of network namespaces and the judge reads the bytes of every directed link from the
-kernel: with one large input more (:data:`WIRE_CASE`) each link must carry what a ring puts
+At grading (:func:`exercise_utils.harness.observing`) the launch with 3 ranks
+(:data:`OBSERVED_SIZE`: the neighbours differ; a file that passes there has shown it can run a
+ring) runs on a mesh of network namespaces and the judge reads the bytes of every directed link
+from the kernel: with one large input more (:data:`WIRE_CASE`) each link must carry what a ring puts
 there (:func:`wire_envelope`), else ``ring-wire`` fails, whatever the ranks did to the
 recorders in their own memory. There each rank's inputs also derive from a number only it was
 given (``ctx.salt``, in a folder no other rank's sandbox can read): a rank cannot rebuild the
@@ -54,6 +55,8 @@ BASELINE = "ring-sum"
 # Where links are observed (grading; :func:`exercise_utils.harness.observing`): one large input
 # more, so that what the ring puts on the wire stands far above what setting up the group costs.
 WIRE_CASE = ("ring-wire", (1 << 20,), "float32")
+OBSERVED_SIZE = 3       # the launch observed: each observed launch starts a fresh interpreter
+#                         per rank on its own host (about 10 s on 2 cores), not the zygote's
 WIRE_SLACK = 64_000     # bytes per link beyond the data: the group's set-up and barriers (an
 #                         empty run measured 1-4 kB per link; tests/test_wire.py holds it)
 MESSAGE_SLACK = 1_000   # bytes per message: TCP/IP and gloo headers, acknowledgements
@@ -89,14 +92,15 @@ def check_ring_allreduce(path, timeout=TIMEOUT):
         CheckFailure: with what to change, naming the rank, the case and the numbers.
     """
     for size in WORLD_SIZES:
-        cases = ring_cases(size) + ([WIRE_CASE] if observing() and size > 2 else [])
+        observed = observing() and size == OBSERVED_SIZE
+        cases = ring_cases(size) + ([WIRE_CASE] if observed else [])
         group_cases = GROUP_CASES if size in GROUPS else []
         links, salts = {}, {}
         try:
             res = run_ranks(path, probes_ring.probe_ring, size, "gloo",
                             {"cases": cases, "group_cases": group_cases}, timeout,
                             what=f"ring_all_reduce with {size} ranks", case=BASELINE,
-                            links=links if size > 2 else None, salts=salts)
+                            links=links if observed else None, salts=salts)
         except CheckFailure as err:
             if not any(text in str(err) for text in ("hung", "Timed out", "timeout")):
                 raise
@@ -110,7 +114,7 @@ def check_ring_allreduce(path, timeout=TIMEOUT):
                 ring = group_of(rank, size)
                 expected = ring_sum(shape, dtype, ring, GROUP_CASE0 + j, salts)
                 _check_case(case, got[len(cases) + j], expected, rank, ring, shape, dtype, size)
-        if links and size > 2:
+        if links and observed:
             _check_wire(links, size, [(shape, dtype, list(range(size))) for _, shape, dtype
                                       in cases] +
                         [(shape, dtype, group) for _, shape, dtype in group_cases
