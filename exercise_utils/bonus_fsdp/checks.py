@@ -47,7 +47,7 @@ from . import nets, references, shards
 from .checks_zero3 import check_state_dict, check_zero3  # noqa: F401 - the CHECK cells' import
 from .wire import zero2_runs, zero2_wire_envelope
 from .launches import (ATOL, FIXED, FP32, RTOL, SHARDED, SLACK, TIGHT, kb, kinds, links_of,
-                       stage_results,
+                       salts_of, stage_results,
                        padded)
 
 __all__ = ["check_zero2", "check_zero3", "check_state_dict"]
@@ -197,7 +197,8 @@ def check_zero2(path):
                              f"gradients: summed instead of averaged? Divide the reduce-"
                              f"scattered sum by the world size.":
                              lambda: {n: p.detach().numpy() for n, p in references.reference(
-                                 size, nets.STEPS, grad_scale=size).named_parameters()}})
+                                 size, nets.STEPS, grad_scale=size, salts=salts_of(
+                                     path, size, ["zero2"])).named_parameters()}})
             _check_zero2_edge(size, rank, out)
             for step, rec in enumerate(out["steps"]):
                 if rec["grads_left"]:

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from ..contract import CheckFailure
-from ..harness import HANG_AFTER, observing, run_ranks
+from ..harness import HANG_AFTER, observing, run_ranks, salting
 from ..recorder import verify_no_hidden
 from . import nets, probes, references
 
@@ -29,27 +29,36 @@ OBSERVED_SIZE = 3                # OBSERVED_SIZE ranks run on a mesh (each obser
 #                                  starts a fresh interpreter per rank on its own host)
 _CACHE = {}
 LINKS = {}                  # launch key -> bytes per directed link (where observed)
+SALTS = {}                  # launch key -> {rank: salt} the judge gave (at grading; else none)
 
 
 def _key(path, size, stages):
     """A launch's key: the file's content, the world, the stages, and whether links are
-    observed (:func:`..harness.observing`: an observed check never reuses an unobserved
-    launch)."""
+    observed and inputs salted (:func:`..harness.observing`, :func:`..harness.salting`: such a
+    check never reuses a launch without)."""
     return (hashlib.sha256(Path(path).read_bytes()).hexdigest(), size, tuple(stages),
-            observing())
+            observing(), salting())
 
 
 def launch(path, size, stages):
     key = _key(path, size, stages)
     if key not in _CACHE:
         links = {} if size == OBSERVED_SIZE and any(s in OBSERVED for s in stages) else None
+        salts = {}      # (at grading each rank's batches derive from a number only it knows)
         _CACHE[key] = run_ranks(path, probes.probe, size, "none",
                                 dict(stages=list(stages), gloo_timeout=GLOO_TIMEOUT),
                                 HANG_AFTER, what=f"09_fsdp.py with {size} ranks",
-                                case=FIRST[stages[0]], links=links)
+                                case=FIRST[stages[0]], links=links, salts=salts)
         if links:
             LINKS[key] = links
+        SALTS[key] = salts
     return _CACHE[key]
+
+
+def salts_of(path, size, stages):
+    """``{rank: salt}`` the judge gave the launch of ``stages`` with ``size`` ranks (empty
+    where none were given: every batch unsalted)."""
+    return SALTS.get(_key(path, size, stages), {})
 
 
 def links_of(path, size, stages):
@@ -82,7 +91,8 @@ def stage_results(path, stages, stage):
                         f"not implemented yet: {out[name]['todo']} in {path} still raises "
                         "NotImplementedError. Replace the `raise` line with your code, then "
                         "run the %%writefile cell again.")
-        yield size, [references.attach(stage, size, out[stage]) for out in res]
+        salts = salts_of(path, size, stages)
+        yield size, [references.attach(stage, size, out[stage], salts) for out in res]
 
 
 def padded(numel, size):

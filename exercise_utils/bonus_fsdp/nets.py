@@ -77,14 +77,33 @@ def unit_numels():
     return blocks + [model.emb.weight.numel() + model.head.bias.numel()]
 
 
-def combined(step, size):
-    g = torch.Generator().manual_seed(7919 * step + 17)
-    return (torch.randint(0, VOCAB, (size * LOCAL_BATCH,), generator=g),
-            torch.randint(0, VOCAB, (size * LOCAL_BATCH,), generator=g))
+def _own(seed, rank, salt):
+    """The generator of ``rank``'s part when its salt is not 0 (see :func:`combined`)."""
+    return torch.Generator().manual_seed((seed + 7 * rank + 1_000_003 * salt) % (1 << 63))
+
+
+def combined(step, size, salts=None):
+    """The combined batch of ``step``: rank r's part is its rows r * LOCAL_BATCH onwards.
+
+    ``salts`` (``{rank: number}``; at grading each rank's ``ctx.salt``, a number only that
+    rank and the judge know): a rank whose salt is not 0 draws its part from a generator of its
+    own seeded from it, so that no other rank can rebuild it. Unsalted, every part is cut from
+    one draw (every rank can rebuild every part)."""
+    seed = 7919 * step + 17
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, VOCAB, (size * LOCAL_BATCH,), generator=g)
+    y = torch.randint(0, VOCAB, (size * LOCAL_BATCH,), generator=g)
+    for rank, salt in sorted((salts or {}).items()):
+        if salt:
+            own, part = _own(seed, rank, salt), slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+            x[part] = torch.randint(0, VOCAB, (LOCAL_BATCH,), generator=own)
+            y[part] = torch.randint(0, VOCAB, (LOCAL_BATCH,), generator=own)
+    return x, y
 
 
 def local(step, ctx):
-    x, y = combined(step, ctx.size)
+    """This rank's part of :func:`combined` (salted with ``ctx.salt``)."""
+    x, y = combined(step, ctx.size, {ctx.rank: getattr(ctx, "salt", 0)})
     part = slice(ctx.rank * LOCAL_BATCH, (ctx.rank + 1) * LOCAL_BATCH)
     return x[part], y[part]
 
@@ -108,14 +127,23 @@ def edge_model(seed, dtype):
     return model.eval()
 
 
-def edge_combined(step, micro, size, dtype):
-    g = torch.Generator().manual_seed(104729 * step + 31 * micro + 5)
+def edge_combined(step, micro, size, dtype, salts=None):
+    """EdgeNet's combined batch of ``step`` (micro-batch ``micro``), salted as
+    :func:`combined`."""
+    seed = 104729 * step + 31 * micro + 5
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(size * EDGE_BATCH, 6, generator=g, dtype=torch.float64)
-    return x.to(getattr(torch, dtype)), torch.randint(0, 4, (size * EDGE_BATCH,), generator=g)
+    y = torch.randint(0, 4, (size * EDGE_BATCH,), generator=g)
+    for rank, salt in sorted((salts or {}).items()):
+        if salt:
+            own, part = _own(seed, rank, salt), slice(rank * EDGE_BATCH, (rank + 1) * EDGE_BATCH)
+            x[part] = torch.randn(EDGE_BATCH, 6, generator=own, dtype=torch.float64)
+            y[part] = torch.randint(0, 4, (EDGE_BATCH,), generator=own)
+    return x.to(getattr(torch, dtype)), y
 
 
 def edge_local(step, micro, ctx, dtype):
-    x, y = edge_combined(step, micro, ctx.size, dtype)
+    x, y = edge_combined(step, micro, ctx.size, dtype, {ctx.rank: getattr(ctx, "salt", 0)})
     part = slice(ctx.rank * EDGE_BATCH, (ctx.rank + 1) * EDGE_BATCH)
     return x[part], y[part]
 
