@@ -45,7 +45,7 @@ from ..contract import fail
 from ..harness import HANG_AFTER, assert_close, check, run_ranks
 from . import nets, references, shards
 from .checks_zero3 import check_state_dict, check_zero3  # noqa: F401 - the CHECK cells' import
-from .wire import zero2_runs, zero2_wire_envelope
+from .wire import outside, zero2_runs, zero2_wire_envelope
 from .launches import (ATOL, FIXED, FP32, RTOL, SHARDED, SLACK, TIGHT, kb, kinds, links_of,
                        salts_of, stage_results,
                        padded)
@@ -158,13 +158,10 @@ def _zero2_memory(size):
 def _check_zero2_wire(path, size):
     """The bytes the kernel counted on the launch's links (read outside the ranks: nothing in
     them can change the counters) against :func:`.wire.zero2_wire_envelope`."""
-    links = links_of(path, size, ["zero2"])
-    if not links:
+    found = outside(links_of(path, size, ["zero2"]), zero2_wire_envelope(size))
+    if found is None:
         return
-    least, most = zero2_wire_envelope(size)
-    sent = sum(links.values())
-    if least <= sent <= most:
-        return
+    sent, least, most = found
     numel, _, steps = zero2_runs()[0]
     fail("zero2-wire",
          f"with {size} ranks, the network counted {sent:,} bytes on the links between the "

@@ -8,7 +8,7 @@ from ..harness import assert_close, check
 from . import nets, references
 from .launches import (ATOL, FIXED, FP32, RTOL, SHARDED, SLACK, TIGHT, kb, kinds, links_of,
                        salts_of, stage_results, padded)
-from .wire import zero3_wire_envelope
+from .wire import outside, zero3_wire_envelope
 
 
 # ---------------------------------------------------------------- check_zero3
@@ -134,13 +134,10 @@ def check_zero3(path):
 def _check_zero3_wire(path, size):
     """The bytes the kernel counted on the launch's links (read outside the ranks: nothing in
     them can change the counters) against :func:`.wire.zero3_wire_envelope`."""
-    links = links_of(path, size, ["zero3"])
-    if not links:
+    found = outside(links_of(path, size, ["zero3"]), zero3_wire_envelope(size))
+    if found is None:
         return
-    least, most = zero3_wire_envelope(size)
-    sent = sum(links.values())
-    if least <= sent <= most:
-        return
+    sent, least, most = found
     fail("zero3-wire",
          f"with {size} ranks, the network counted {sent:,} bytes on the links between the "
          f"ranks while they trained Zero3 ({nets.STEPS} steps of the tied model and a forward, "

@@ -24,6 +24,16 @@ WIRE_OVERHEAD = 0.05     # headers in proportion to the data (measured 0.2-1.7%)
 REDUCE_SCATTER, ALL_GATHER = 2, 1
 
 
+def outside(links, envelope):
+    """``(bytes all ``links`` carried, least, most)`` where that total lies outside
+    ``envelope`` (``(least, most)``); None where it lies inside, or where the links were not
+    observed (``links`` empty or None)."""
+    if not links:
+        return None
+    sent, (least, most) = sum(links.values()), envelope
+    return None if least <= sent <= most else (sent, least, most)
+
+
 def _messages(calls, size):
     return calls * 2 * size * (size - 1)
 
