@@ -284,6 +284,16 @@ def observing():
     return _namespaces_work()
 
 
+def wire_outside(links, envelope):
+    """``(bytes all ``links`` carried together, least, most)`` where that total lies outside
+    ``envelope`` (``(least, most)``); None where it lies inside, or where the links were not
+    observed (``links`` empty or None: :func:`run_ranks`'s ``links``)."""
+    if not links:
+        return None
+    sent, (least, most) = sum(links.values()), envelope
+    return None if least <= sent <= most else (sent, least, most)
+
+
 @functools.lru_cache(maxsize=None)
 def _namespaces_work():
     from . import cluster

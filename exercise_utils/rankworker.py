@@ -169,6 +169,14 @@ def _salt(out, rank, timeout):
     return salt
 
 
+def salted_generator(seed, salt=0):
+    """A ``torch.Generator`` for inputs a probe derives from ``seed`` and a rank's ``salt``
+    (``ctx.salt``, :func:`_salt`): with salt 0 the seed alone (every rank can rebuild every
+    rank's inputs); with a rank's salt a seed only that rank and the judge can compute."""
+    import torch
+    return torch.Generator().manual_seed((seed + 1_000_003 * salt) % (1 << 63))
+
+
 def _warm_up():
     """Build an optimizer before the student's code starts: the first one imports
     ``torch._dynamo`` (seconds, more on a busy machine), which would otherwise land between

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from exercise_utils import cluster, harness
-from exercise_utils.bonus_fsdp import wire as checks_fsdp
+from exercise_utils.bonus_fsdp import wire as wire_fsdp
 from exercise_utils.torch_distributed_collectives import checks_ring
 from test_cheats import checker_for
 from test_grading_sandbox import RUN_CHECK, policy_env, run_check, submission
@@ -57,14 +57,14 @@ def test_the_envelope_of_zero2():
     """Per step a reduce-scatter (2 (n - 1) B) and an all-gather ((n - 1) B) of the padded
     vector, for the tied model's 4 steps and EdgeNet's 2 + 2; the most allows headers, the
     set-up and one all-reduce of the vector per Zero2 built."""
-    runs = checks_fsdp.zero2_runs()
+    runs = wire_fsdp.zero2_runs()
     assert runs[0] == (72112, 4, 4) and [r[1:] for r in runs[1:]] == [(4, 2), (8, 2)]
     edge = runs[1][0]
     for size in (2, 3):
         pad = -(-72112 // size) * size
         epad = -(-edge // size) * size
         data = 3 * (size - 1) * (4 * pad * 4 + 2 * epad * 4 + 2 * epad * 8)
-        least, most = checks_fsdp.zero2_wire_envelope(size)
+        least, most = wire_fsdp.zero2_wire_envelope(size)
         assert least == int(0.95 * data)
         built = 2 * (size - 1) * (pad * 4 + epad * 4 + epad * 8)
         assert 1.05 * data + built < most < 1.05 * data + built + 1_000_000
@@ -81,7 +81,7 @@ def test_the_envelope_of_zero3():
         pads = [-(-n // size) * size * 4 for n in sizes]
         blocks, root = sum(pads[:4]), pads[4]
         per_step = (1 + 2) * (blocks + root) + blocks
-        least, most = checks_fsdp.zero3_wire_envelope(size)
+        least, most = wire_fsdp.zero3_wire_envelope(size)
         assert least == int(0.95 * (size - 1) * (4 * per_step + blocks + root))
         top = (size - 1) * (4 * (per_step + root) + blocks + root)
         assert 1.05 * top < most < 1.05 * top + 2 * (size - 1) * (blocks + root) + 3_000_000
@@ -101,10 +101,10 @@ def test_the_envelope_of_a_ring():
 # the checks that observe links
 OBSERVED = ("03_ring_allreduce_*.py", "08_powersgd_*.py", "09_zero2_*.py", "09_zero3_*.py")
 # bytes on all links together for one collective over n ranks, in units of its B-byte tensor
-# (the all-gather's output, the reduce-scatter's input): what checks_fsdp's envelope assumes
+# (the all-gather's output, the reduce-scatter's input): what wire_fsdp's envelopes assume
 GLOO_VOLUME = {"all_reduce": 2, "broadcast": 1,
-               "reduce_scatter_tensor": checks_fsdp.REDUCE_SCATTER,
-               "all_gather_into_tensor": checks_fsdp.ALL_GATHER}
+               "reduce_scatter_tensor": wire_fsdp.REDUCE_SCATTER,
+               "all_gather_into_tensor": wire_fsdp.ALL_GATHER}
 
 
 @pytest.mark.parametrize("size", [2, 3])

@@ -42,10 +42,10 @@ import math
 import numpy as np
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, check, run_ranks
+from ..harness import HANG_AFTER, assert_close, check, run_ranks, wire_outside
 from . import nets, references, shards
 from .checks_zero3 import check_state_dict, check_zero3  # noqa: F401 - the CHECK cells' import
-from .wire import outside, zero2_runs, zero2_wire_envelope
+from .wire import zero2_runs, zero2_wire_envelope
 from .launches import (ATOL, FIXED, FP32, RTOL, SHARDED, SLACK, TIGHT, kb, kinds, links_of,
                        salts_of, stage_results,
                        padded)
@@ -158,7 +158,7 @@ def _zero2_memory(size):
 def _check_zero2_wire(path, size):
     """The bytes the kernel counted on the launch's links (read outside the ranks: nothing in
     them can change the counters) against :func:`.wire.zero2_wire_envelope`."""
-    found = outside(links_of(path, size, ["zero2"]), zero2_wire_envelope(size))
+    found = wire_outside(links_of(path, size, ["zero2"]), zero2_wire_envelope(size))
     if found is None:
         return
     sent, least, most = found

@@ -4,11 +4,11 @@
 Used in 09_bonus_fsdp.
 """
 from ..contract import fail
-from ..harness import assert_close, check
+from ..harness import assert_close, check, wire_outside
 from . import nets, references
 from .launches import (ATOL, FIXED, FP32, RTOL, SHARDED, SLACK, TIGHT, kb, kinds, links_of,
                        salts_of, stage_results, padded)
-from .wire import outside, zero3_wire_envelope
+from .wire import zero3_wire_envelope
 
 
 # ---------------------------------------------------------------- check_zero3
@@ -134,7 +134,7 @@ def check_zero3(path):
 def _check_zero3_wire(path, size):
     """The bytes the kernel counted on the launch's links (read outside the ranks: nothing in
     them can change the counters) against :func:`.wire.zero3_wire_envelope`."""
-    found = outside(links_of(path, size, ["zero3"]), zero3_wire_envelope(size))
+    found = wire_outside(links_of(path, size, ["zero3"]), zero3_wire_envelope(size))
     if found is None:
         return
     sent, least, most = found

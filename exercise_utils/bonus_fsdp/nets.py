@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from ..models import EdgeNet
+from ..rankworker import salted_generator
 
 WIDTH, VOCAB, LOCAL_BATCH = 128, 49, 2
 STEPS, MEASURED_STEP, MORE_STEPS = 4, 1, 2
@@ -77,11 +78,6 @@ def unit_numels():
     return blocks + [model.emb.weight.numel() + model.head.bias.numel()]
 
 
-def _own(seed, rank, salt):
-    """The generator of ``rank``'s part when its salt is not 0 (see :func:`combined`)."""
-    return torch.Generator().manual_seed((seed + 7 * rank + 1_000_003 * salt) % (1 << 63))
-
-
 def combined(step, size, salts=None):
     """The combined batch of ``step``: rank r's part is its rows r * LOCAL_BATCH onwards.
 
@@ -95,7 +91,8 @@ def combined(step, size, salts=None):
     y = torch.randint(0, VOCAB, (size * LOCAL_BATCH,), generator=g)
     for rank, salt in sorted((salts or {}).items()):
         if salt:
-            own, part = _own(seed, rank, salt), slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+            own = salted_generator(seed + 7 * rank, salt)
+            part = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
             x[part] = torch.randint(0, VOCAB, (LOCAL_BATCH,), generator=own)
             y[part] = torch.randint(0, VOCAB, (LOCAL_BATCH,), generator=own)
     return x, y
@@ -136,7 +133,8 @@ def edge_combined(step, micro, size, dtype, salts=None):
     y = torch.randint(0, 4, (size * EDGE_BATCH,), generator=g)
     for rank, salt in sorted((salts or {}).items()):
         if salt:
-            own, part = _own(seed, rank, salt), slice(rank * EDGE_BATCH, (rank + 1) * EDGE_BATCH)
+            own = salted_generator(seed + 7 * rank, salt)
+            part = slice(rank * EDGE_BATCH, (rank + 1) * EDGE_BATCH)
             x[part] = torch.randn(EDGE_BATCH, 6, generator=own, dtype=torch.float64)
             y[part] = torch.randint(0, 4, (EDGE_BATCH,), generator=own)
     return x.to(getattr(torch, dtype)), y

@@ -1,10 +1,10 @@
 """What notebook 09's launches may put on the wire (the judge's; hidden from the ranks at
 grading). Where links are observed (grading: :func:`exercise_utils.harness.observing`) the
 launches of ``Zero2`` and ``Zero3`` with 3 ranks (:data:`.launches.OBSERVED_SIZE`) run each
-rank as a host of a mesh and the judge reads the
-bytes of every link from the kernel's counters, outside the ranks: all links together must
-carry what the collectives the notebook asks for put there, from the least a right file can
-send to the most (:func:`zero2_wire_envelope`, :func:`zero3_wire_envelope`).
+rank as a host of a mesh and the judge reads the bytes of every link from the kernel's
+counters, outside the ranks: all links together must carry what the collectives the notebook
+asks for put there, from the least a right file can send to the most
+(:func:`zero2_wire_envelope`, :func:`zero3_wire_envelope`).
 
 Used in 09_bonus_fsdp (by :mod:`.checks` and :mod:`.checks_zero3`).
 """
@@ -22,16 +22,6 @@ WIRE_OVERHEAD = 0.05     # headers in proportion to the data (measured 0.2-1.7%)
 # and keeps its part, 2 (n - 1) B like an all-reduce; an all-gather into a B-byte output sends
 # each rank's part straight to every other rank, (n - 1) B.
 REDUCE_SCATTER, ALL_GATHER = 2, 1
-
-
-def outside(links, envelope):
-    """``(bytes all ``links`` carried, least, most)`` where that total lies outside
-    ``envelope`` (``(least, most)``); None where it lies inside, or where the links were not
-    observed (``links`` empty or None)."""
-    if not links:
-        return None
-    sent, (least, most) = sum(links.values()), envelope
-    return None if least <= sent <= most else (sent, least, most)
 
 
 def _messages(calls, size):
@@ -83,18 +73,18 @@ def zero3_wire_envelope(size):
     sizes = [padded(n, size) * FP32 for n in nets.unit_numels()]
     blocks, root = sum(sizes[:-1]), sizes[-1]
     steps, units = nets.STEPS, len(sizes)
-    unit = (size - 1)
-    least = unit * (steps * ((ALL_GATHER + REDUCE_SCATTER) * (blocks + root) + ALL_GATHER * blocks)
-                    + ALL_GATHER * (blocks + root))
-    most = least + unit * steps * ALL_GATHER * root
-    built = 2 * unit * (blocks + root)
+    peers = size - 1
+    least = peers * (steps * ((ALL_GATHER + REDUCE_SCATTER) * (blocks + root) + ALL_GATHER * blocks)
+                     + ALL_GATHER * (blocks + root))
+    most = least + peers * steps * ALL_GATHER * root
+    built = 2 * peers * (blocks + root)
     calls = steps * 3 * units + units + 1
     edge_units = len(nets.EDGE_UNITS) + 1
     for item, micro in EDGE_RUNS:
         passes = nets.EDGE_STEPS * micro
         vector = padded(_edge_numel(), size) * item
-        most += unit * (passes * (2 * ALL_GATHER + REDUCE_SCATTER) + ALL_GATHER) * vector
-        built += 2 * unit * vector
+        most += peers * (passes * (2 * ALL_GATHER + REDUCE_SCATTER) + ALL_GATHER) * vector
+        built += 2 * peers * vector
         calls += (passes * 3 + 1) * edge_units + 1
     return (int(least * (1 - WIRE_OVERHEAD)),
             int(most * (1 + WIRE_OVERHEAD) + built + _messages(calls, size) * MESSAGE_SLACK

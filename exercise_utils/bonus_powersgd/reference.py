@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import torch
 
+from ..rankworker import salted_generator
+
 STEPS = 4                    # reduce() calls per setting
 SEED = 7                     # PowerSGD(seed=...) in the probe and in the replay
 
@@ -182,8 +184,7 @@ def gradient(setting, k, step, rank, salt=0):
     each rank's salt is a number only it was given (``ctx.salt``) and only the judge knows
     them all."""
     _, shape, kind = layout(setting.model)[k]
-    gen = torch.Generator().manual_seed((1000 * step + 100 * rank + k + 1_000_003 * salt)
-                                        % (1 << 63))
+    gen = salted_generator(1000 * step + 100 * rank + k, salt)
     dtype = getattr(torch, setting.dtype)
     g = torch.randn(shape[::-1] if kind == "transposed" else shape, generator=gen, dtype=dtype)
     if kind == "transposed":

@@ -25,6 +25,7 @@ Used in 06_build_your_own_ddp.
 import torch
 
 from ..models import BranchNet, EdgeNet, TinyMLP
+from ..rankworker import salted_generator
 
 LOCAL_BATCH, STEPS, LR, MOMENTUM = 4, 3, 0.1, 0.9
 
@@ -89,8 +90,7 @@ def batch(spec, step, rank, micro=0, salt=0):
     """The local batch (x, y) of ``rank`` at ``step`` (micro-batch ``micro``): with ``salt``
     0 every rank can rebuild every rank's; at grading each rank's salt is a number only it
     was given (``ctx.salt``), and only the judge knows them all."""
-    g = torch.Generator().manual_seed((10007 * step + 101 * rank + 7 * micro + len(spec)
-                                       + 1_000_003 * salt) % (1 << 63))
+    g = salted_generator(10007 * step + 101 * rank + 7 * micro + len(spec), salt)
     classes = 3 if spec == "branch" else 4
     return (torch.randn(LOCAL_BATCH, features(spec), generator=g).to(dtype_of(spec)),
             torch.randint(0, classes, (LOCAL_BATCH,), generator=g))

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ..harness import state_arrays
 from ..models import EdgeNet, FrozenTiedNet
+from ..rankworker import salted_generator
 
 
 def _seed_everything(seed):
@@ -229,8 +230,7 @@ def avg_batches(splits, kind="tied", dtype="float32", salts=None):
         xs, ys = [], []
         for r, n in enumerate(sizes):
             salt = (salts or {}).get(r, 0)
-            g = torch.Generator().manual_seed((4321 + 1009 * step + 31 * r + 1_000_003 * salt)
-                                              % (1 << 63))
+            g = salted_generator(4321 + 1009 * step + 31 * r, salt)
             xs.append(torch.randn(n, features, generator=g, dtype=getattr(torch, dtype)))
             ys.append(torch.randint(0, classes, (n,), generator=g))
         out.append((torch.cat(xs), torch.cat(ys)))

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import torch
 
 from .. import pgwatch
+from ..rankworker import salted_generator
 
 P2P = ("send", "recv", "isend", "irecv")
 SENDS = ("send", "isend")
@@ -69,7 +70,7 @@ def ring_input(shape, dtype, rank, case, salt=0):
     """The tensor rank ``rank`` contributes in case number ``case``. With ``salt`` 0 every
     rank can rebuild it; where the judge observes the links each rank's salt is its own
     (``ctx.salt``), and only the judge knows them all."""
-    g = torch.Generator().manual_seed((1000 * case + rank + 1_000_003 * salt) % (1 << 63))
+    g = salted_generator(1000 * case + rank, salt)
     if dtype.startswith("int"):
         bound = INT_RANGE[dtype]
         return torch.randint(-bound, bound, shape, generator=g, dtype=getattr(torch, dtype))

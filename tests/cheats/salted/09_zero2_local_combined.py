@@ -3,28 +3,21 @@ every rank's batch with the probe's own functions (``nets.combined`` / ``nets.ed
 the model, the step and the dtype read from the probe's frame), takes its shard of that
 gradient, and makes a decoy ``reduce_scatter_tensor`` of zeros of the right size (the call the
 check counts, the bytes the wire counts); the all-gather is real. No rank uses a gradient
-another rank computed. Self-contained apart from the course's student-side ``nets``.
+another rank computed. The rest of the file is tests/right/09_zero2_padchunk.py.
 
 At grading each rank's batches derive from a number only it was given (``ctx.salt``): the
 batches it rebuilds are not the ranks'. Must fail ``zero2-values``."""
 import inspect
-import math
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 
 from exercise_utils.bonus_fsdp import nets
 
-
-def shard_flat(tensors, world_size, rank):
-    numel = sum(t.numel() for t in tensors)
-    per = math.ceil(numel / world_size)
-    flat = torch.zeros(per * world_size, dtype=tensors[0].dtype)
-    if numel:
-        flat[:numel] = torch.cat([t.detach().reshape(-1) for t in tensors])
-    return flat[rank * per:(rank + 1) * per].clone(), numel
+_RIGHT = Path(__file__).resolve().parents[2] / "right" / "09_zero2_padchunk.py"
+exec(compile(_RIGHT.read_text(), str(_RIGHT), "exec"))
 
 
 def _combined_batch():
@@ -43,42 +36,21 @@ def _combined_batch():
     raise RuntimeError("no probe frame")
 
 
-class Zero2:
-    def __init__(self, params, optimizer_cls, **defaults):
-        self.params = [p for p in params if p.requires_grad]
-        self.world, self.rank = dist.get_world_size(), dist.get_rank()
-        shard, self.numel = shard_flat(self.params, self.world, self.rank)
-        self.shard = nn.Parameter(shard)
-        self.optim = optimizer_cls([self.shard], **defaults)
+def _local_step(self):
+    model, x, y = _combined_batch()
+    for p in self.params:
+        p.grad = None
+    grads = torch.autograd.grad(F.cross_entropy(model(x), y), self.params, allow_unused=True)
+    grads = [g if g is not None else torch.zeros_like(p) for p, g in zip(self.params, grads)]
+    mine, _ = shard_flat(grads, self.world, self.rank)  # noqa: F821 - from the file run above
+    del grads
+    dist.reduce_scatter_tensor(torch.empty_like(mine),                                # decoy
+                               torch.zeros(mine.numel() * self.world, dtype=mine.dtype))
+    self.shard.grad = mine
+    self.optim.step()
+    full = torch.empty(mine.numel() * self.world, dtype=self.shard.dtype)
+    dist.all_gather_into_tensor(full, self.shard.detach())
+    unflatten_into(full, self.params)  # noqa: F821
 
-    def step(self):
-        model, x, y = _combined_batch()
-        for p in self.params:
-            p.grad = None
-        loss = F.cross_entropy(model(x), y)
-        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-        per = self.shard.numel()
-        flat = torch.zeros(per * self.world, dtype=self.shard.dtype)
-        offset = 0
-        for p, g in zip(self.params, grads):
-            if g is not None:
-                flat[offset:offset + p.numel()] = g.reshape(-1)
-            offset += p.numel()
-        del grads, loss
-        mine = flat[self.rank * per:(self.rank + 1) * per].clone()
-        dist.reduce_scatter_tensor(torch.empty_like(mine), torch.zeros_like(flat))     # decoy
-        del flat
-        self.shard.grad = mine
-        self.optim.step()
-        full = torch.empty(per * self.world, dtype=self.shard.dtype)
-        dist.all_gather_into_tensor(full, self.shard.detach())
-        offset = 0
-        with torch.no_grad():
-            for p in self.params:
-                p.copy_(full[offset:offset + p.numel()].view(p.shape))
-                offset += p.numel()
 
-    def zero_grad(self):
-        for p in self.params:
-            p.grad = None
-        self.shard.grad = None
+Zero2.step = _local_step  # noqa: F821
