@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from . import heartbeat, integrity, launch, plaindata, sandbox, zygote
+from . import processes
 from .processes import TAG, kill_processes, tagged_processes
 from .contract import CheckFailure
 
@@ -392,8 +393,32 @@ def _reap(state):
     not the zygote: a nested block ends with no rank of its checks left behind."""
     if state["proc"] is not None and state["sock"]:
         # the process started (at grading: bwrap) and the zygote, which wrote its own pid
-        spare = {state["proc"].pid, int(Path(f"{state['sock']}.pid").read_text())}
+        spare = _zygote_line(state["proc"].pid, int(Path(f"{state['sock']}.pid").read_text()))
         kill_processes([p for p in tagged_processes(state["tag"]) if p.pid not in spare])
+
+
+def _zygote_line(top, zygote):
+    """The pids of ``top`` (the process the session started) and of its descendants down to
+    the zygote, which wrote its own pid ``zygote``: at grading its pid in the sandbox's pid
+    namespace, under bwrap's (``processes.inner_pid``). Empty of the zygote where it is
+    gone."""
+    import psutil
+    try:
+        root = psutil.Process(top)
+        below = root.children(recursive=True)
+    except psutil.Error:
+        return {top}
+    for proc in below:
+        if processes.inner_pid(proc) == zygote:
+            line, cur = {top}, proc
+            while cur is not None and cur.pid != top:
+                line.add(cur.pid)
+                try:
+                    cur = cur.parent()
+                except psutil.Error:
+                    break
+            return line
+    return {top}
 
 
 class ZygoteFailed(RuntimeError):

@@ -20,11 +20,13 @@ launcher's wall-clock limit stays as a backstop against code that runs on for ev
 Used by :mod:`exercise_utils.harness` and :mod:`exercise_utils.rankworker` (every checker,
 01_mpi_parallel_sgd onwards) and by notebook 05's torchrun checks.
 """
+import fcntl
 import json
 import os
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 PERIOD = 0.5             # seconds between beats
@@ -62,6 +64,13 @@ class Beat:
         self.case = None        # the check case the rank runs (``ctx.case``), for hang reports
         self.main = threading.main_thread().ident
         self.target = Path(folder) / f"beat{rank}.json"
+        # held while this process (or a child it forked) lives: the watch tells a live rank
+        # from a dead one by it, not by its pid, which inside a sandbox's pid namespace is
+        # not the one the launcher sees (a fresh name per process: a restarted rank never
+        # waits for its predecessor's)
+        self.lock = f"beat{rank}.{uuid.uuid4().hex[:12]}.lock"
+        self._lock_fd = os.open(Path(folder) / self.lock, os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.me = psutil.Process()
         self.student = os.path.realpath(student) if student else None
         self.thread = threading.Thread(target=self._run, name="dtfs-heartbeat", daemon=True)
@@ -82,7 +91,8 @@ class Beat:
                 frames = sys._current_frames().get(self.main)
                 where = _where(frames, self.student)
                 del frames
-            info = {"pid": os.getpid(), "t": time.time(), "phase": self.phase, "case": self.case,
+            info = {"pid": os.getpid(), "lock": self.lock, "t": time.time(),
+                    "phase": self.phase, "case": self.case,
                     "cpu": _cpu(self.me, time.thread_time()), **where}
             tmp = self.target.with_suffix(f".{os.getpid()}.tmp")
             try:
@@ -195,17 +205,24 @@ class Watch:
             beat = json.loads((self.folder / f"beat{rank}.json").read_text())
         except (OSError, ValueError):
             return None
-        return beat if _alive(beat["pid"]) else None
+        return beat if _alive(self.folder, beat) else None
 
 
-def _alive(pid):
+def _alive(folder, beat):
+    """Whether the process that wrote ``beat`` (or a child it forked) still lives: it holds
+    its lock file (:class:`Beat`); one that died released it. (Its pid cannot tell: in a
+    sandbox with its own pid namespace, it is not a pid of the launcher's.)"""
     try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
+        fd = os.open(Path(folder) / beat["lock"], os.O_RDONLY)
+    except (KeyError, TypeError, OSError):
         return False
-    except PermissionError:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
         return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def describe(report, path=None):

@@ -36,6 +36,20 @@ def tagged_processes(tag):
     return found
 
 
+def inner_pid(proc):
+    """The pid ``proc`` (a psutil process) has in its own pid namespace: the one it sees
+    itself (``os.getpid()`` there; a sandbox's ranks have a pid namespace of their own); its
+    pid where it has none, or None where it is gone."""
+    try:
+        with open(f"/proc/{proc.pid}/status") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return proc.pid
+
+
 def kill_processes(procs, grace=1.0):
     """Terminate, then kill, the given psutil processes and wait for them.
 

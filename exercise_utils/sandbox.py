@@ -7,8 +7,12 @@ folders and files named ``hidden`` read as empty (a folder) or as ``/dev/null`` 
 course's ``solutions/``, ``tests/`` and gradebook, other students' submissions. Without
 ``network`` it has a network namespace of its own, holding only a loopback interface: the
 processes of one sandbox (the ranks of one launch) reach each other over ``127.0.0.1`` and
-nothing else. Process ids are the machine's (no pid namespace): the launcher's cleanup and the
-checks' heartbeats see every process as they do outside.
+nothing else. It has a pid namespace of its own: it sees and can signal only its own processes
+(without it, root inside could stop or kill the judge's kernel or another submission's ranks,
+same uid as they are). The launcher still sees every process inside, under its own pids: its
+cleanup finds them by their tag (:mod:`.processes`), the checks' watch tells a live rank by
+the lock its beat holds (:mod:`.heartbeat`), and the checks' session finds its zygote by the
+pid the zygote has inside (:func:`.processes.inner_pid`).
 
     cmd = sandbox.command(["python", "-m", "exercise_utils.rankworker", ...],
                           writable=[check_dir], hidden=[repo / "solutions", repo / "tests"])
@@ -131,8 +135,9 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None, m
     Returns:
         list: the full command line.
     """
-    args = ["bwrap", "--die-with-parent", "--cap-drop", "ALL", "--setenv", INSIDE, "1",
-            *_machine(), "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+    args = ["bwrap", "--die-with-parent", "--cap-drop", "ALL", "--unshare-pid",
+            "--setenv", INSIDE, "1", *_machine(), "--dev", "/dev", "--proc", "/proc",
+            "--tmpfs", "/tmp",
             "--tmpfs", "/dev/shm"]
     for path in [*_own_install(), *readable]:
         path = Path(path).resolve()

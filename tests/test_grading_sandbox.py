@@ -93,6 +93,11 @@ PROBE = textwrap.dedent("""
         out["judge_environ"] = "read"
     except OSError as exc:
         out["judge_environ"] = type(exc).__name__
+    try:
+        os.kill(%(outsider)d, 19)       # SIGSTOP to a process outside (as the judge's kernel)
+        out["outsider_stopped"] = "stopped"
+    except OSError as exc:
+        out["outsider_stopped"] = type(exc).__name__
     out["umount"] = subprocess.run(["umount", %(root)r + "/solutions"], capture_output=True).returncode
     for name, path in (("cwd", "mine.txt"), ("repo", %(root)r + "/x.txt"),
                        ("tmpdir", os.path.join(os.environ["TMPDIR"], "t.txt"))):
@@ -121,11 +126,14 @@ PROBE = textwrap.dedent("""
 def test_a_launch_under_the_policy_sees_only_its_submission(bwrap, tmp_path):  # noqa: F811
     """What a rank sees: the course's hidden folders empty, its own folder and the kernel's
     private temporary folder writable, the repository read-only, no capability, the judge's
-    environment unreadable (as every process outside: its memory too)."""
+    environment unreadable and itself beyond reach (as every process outside: its memory too),
+    since the rank has a pid namespace of its own."""
     course, folder, _ = submission(tmp_path, "01_mpi_parallel_sgd", "")
     (course / "submitted" / "other" / "01_mpi_parallel_sgd").mkdir(parents=True)
     pyc = [str(p) for p in sandbox.judge_files() if p.suffix == ".pyc"]
-    code = PROBE % {"root": str(ROOT), "course": str(course), "judge": os.getpid(), "pyc": pyc}
+    outsider = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    code = PROBE % {"root": str(ROOT), "course": str(course), "judge": os.getpid(), "pyc": pyc,
+                    "outsider": outsider.pid}
     launcher = textwrap.dedent(f"""
         import json, sys, tempfile
         from exercise_utils import launch
@@ -134,15 +142,23 @@ def test_a_launch_under_the_policy_sees_only_its_submission(bwrap, tmp_path):  #
         got["private_tmp"] = tempfile.gettempdir()
         print(json.dumps(got))
     """)
-    out = subprocess.run([sys.executable, "-c", launcher], cwd=folder, env=policy_env(course),
-                         capture_output=True, text=True, timeout=300)
+    try:
+        out = subprocess.run([sys.executable, "-c", launcher], cwd=folder,
+                             env=policy_env(course), capture_output=True, text=True, timeout=300)
+        stopped = psutil.Process(outsider.pid).status() == psutil.STATUS_STOPPED
+    finally:
+        outsider.kill()
+        outsider.wait()
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["solutions"] == [] and got["tests"] == [], got
     assert got["course"] == ["autograded"], got          # no gradebook, no other submission
     assert got["own"] and got["cwd"] == "wrote" and got["tmpdir"] == "wrote", got
     assert got["repo"] == "OSError" or got["repo"].endswith("Error"), got
-    assert got["repo"] != "wrote" and got["judge_environ"] == "PermissionError", got
+    # the judge's process is not even there (a pid namespace of its own): no environment to
+    # read; nor any other process outside to stop
+    assert got["repo"] != "wrote" and got["judge_environ"] == "FileNotFoundError", got
+    assert got["outsider_stopped"] == "ProcessLookupError" and not stopped, got
     assert got["umount"] != 0 and int(got["caps"], 16) == 0, got
     assert got["private_tmp"].startswith("/tmp/dtfs-grade-"), got
     assert got["judge"] == {m: "ModuleNotFoundError" for m in got["judge"]}, got["judge"]
@@ -210,10 +226,11 @@ def test_notebook_cheats_score_zero_under_autograde(bwrap, tmp_path):  # noqa: F
         assert "FileNotFoundError" in text and "violated" not in text, text[-1500:]
 
 
-def test_hardened_ranks_are_unreadable_from_another_sandbox(bwrap):  # noqa: F811
-    """Two submissions graded at once (JOBS): a process of one sandbox cannot read the
-    environment (nor the memory) of a hardened rank in another; an unhardened one it can,
-    so the test can fail."""
+def test_ranks_are_out_of_reach_of_another_sandbox(bwrap):  # noqa: F811
+    """Two submissions graded at once (JOBS): a process of one sandbox can neither read the
+    environment (nor the memory) of a rank in another, hardened or not, nor signal it: it does
+    not see it at all (each sandbox has a pid namespace of its own). From outside any sandbox
+    (root, all capabilities) the rank's environment reads, so the test can fail."""
     seen = {}
     for hardened in (False, True):
         code = ("import time\nfrom exercise_utils import sandbox\n"
@@ -224,18 +241,19 @@ def test_hardened_ranks_are_unreadable_from_another_sandbox(bwrap):  # noqa: F81
             assert victim.stdout.readline().strip() == "up"
             pid = next(p.pid for p in psutil.Process(victim.pid).children(recursive=True)
                        if "python" in p.name())
-            spy = subprocess.run(sandbox.command(
-                [sys.executable, "-c", f"open('/proc/{pid}/environ', 'rb').read(10)"], cwd="/"),
-                capture_output=True, text=True, timeout=120)
-            seen[hardened] = spy.returncode == 0 or spy.stderr.strip().splitlines()[-1]
+            spy = f"import os\nopen('/proc/{pid}/environ', 'rb').read(10)\nos.kill({pid}, 19)"
+            for where, cmd in (("outside", [sys.executable, "-c", spy.split("\nos.kill")[0]]),
+                               ("sandbox", sandbox.command([sys.executable, "-c", spy], cwd="/"))):
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+                seen[where, hardened] = out.returncode == 0 or out.stderr.strip().splitlines()[-1]
+            assert psutil.Process(pid).status() != psutil.STATUS_STOPPED
         finally:
             inside = psutil.Process(victim.pid).children(recursive=True)
             victim.kill()
             victim.wait()
             kill_processes(inside)
-    assert seen[False] is True, seen
-    assert "PermissionError" in seen[True], seen
-
+    assert seen["outside", False] is True, seen
+    assert all("FileNotFoundError" in str(seen["sandbox", h]) for h in (False, True)), seen
 
 
 FAIL_ONCE = """#!/bin/bash
@@ -301,6 +319,60 @@ def test_a_sandbox_that_failed_to_start_runs_again(bwrap, tmp_path):  # noqa: F8
     assert sum("the sandbox failed to start" in n and "ran again" in n for n in notes) == 2
     assert sum("zygote exited with status 1" in n and "ran without it" in n
                for n in notes) == 1, notes
+
+
+HANG_UNDER_POLICY = textwrap.dedent("""
+    import json, time
+    from exercise_utils import harness
+    got = {}
+
+    def launch(name, path, timeout=120):
+        start = time.monotonic()
+        try:
+            got[name] = harness.run_ranks(path, "sandbox_probe:probe_sum", 2, "gloo",
+                                          timeout=timeout)
+        except AssertionError as err:
+            got[name] = str(err)
+        got[name + " seconds"] = time.monotonic() - start
+
+    with harness.session():
+        launch("hang", "hang.py", timeout=10)
+        with harness.session():          # a check inside a check: reaped when it ends
+            launch("before", "good.py")
+        launch("after", "good.py")
+    print(json.dumps(got))
+""")
+
+
+def test_a_hang_is_a_hang_in_the_sandbox_and_the_session_goes_on(bwrap, tmp_path):  # noqa: F811
+    """In the sandbox (a pid namespace of its own: the ranks' pids are not the launcher's) the
+    watch still tells a rank standing still from a dead one (the lock its beat holds), so a
+    deadlock is called a hang within the hang limit; and a session, when a check inside it
+    ends, reaps what its zygote forked and not the zygote (found by the pid it has inside),
+    which forks the next launch's ranks."""
+    folder = tmp_path / "course" / "autograded" / "student" / "harness"
+    folder.mkdir(parents=True)
+    collective = "    dist.all_reduce(t)\n    return t.tolist()\n"
+    (folder / "good.py").write_text("import torch.distributed as dist\n\n\ndef total(t):\n"
+                                    + collective)
+    (folder / "hang.py").write_text("import torch.distributed as dist\n\n\ndef total(t):\n"
+                                    "    if dist.get_rank() == 0:\n" + collective.replace(
+                                        "    ", "        ", 1) + "    return []\n")
+    (folder / "sandbox_probe.py").write_text(
+        "import psutil\nimport torch\n\n\ndef probe_sum(student, ctx):\n"   # and when the
+        "    zygote = [p for p in psutil.Process().parents()\n"     # zygote began (the oldest:
+        "              if 'exercise_utils.zygote' in ' '.join(p.cmdline())][-1]\n"  # its forks
+        #                                                                  share its cmdline)
+        "    return student.total(torch.tensor([ctx.rank + 1.0])), zygote.create_time()\n")
+    env = {**policy_env(tmp_path / "course"), "PYTHONPATH": str(folder)}
+    out = subprocess.run([sys.executable, "-c", HANG_UNDER_POLICY], cwd=folder, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "hung" in got["hang"] and "ranks still waiting: [0]" in got["hang"], got
+    assert got["hang seconds"] < 60, got
+    assert [total for total, _ in got["after"]] == [[3.0], [3.0]], got
+    assert got["after"] == got["before"], "the session's zygote was killed with the hung ranks"
 
 
 def test_salts_reach_each_rank_alone_under_the_grading_policy(bwrap, tmp_path):  # noqa: F811

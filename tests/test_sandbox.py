@@ -7,7 +7,9 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
+import psutil
 import pytest
 
 from exercise_utils import launch, sandbox
@@ -82,6 +84,62 @@ def test_only_its_own_loopback_without_network(bwrap):
         assert run_inside(code, network=True) == "connected"
     finally:
         server.close()
+
+
+def test_it_sees_and_signals_only_its_own_processes(bwrap):
+    """Root inside (same uid as the judge's kernel and other submissions' ranks) can neither
+    stop a process outside nor see it: the sandbox has a pid namespace of its own."""
+    outside = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        got = run_inside(f"""
+            import json, os, signal
+            try:
+                os.kill({outside.pid}, signal.SIGSTOP)
+                stopped = "stopped"
+            except OSError as exc:
+                stopped = type(exc).__name__
+            mine = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+            print(json.dumps({{"stop": stopped, "outside_seen": {outside.pid} in mine,
+                               "count": len(mine)}}))
+            """)
+        status = open(f"/proc/{outside.pid}/status").read()
+        assert "State:\tS" in status, status.splitlines()[2]
+        assert got["stop"] == "ProcessLookupError" and not got["outside_seen"], got
+        assert got["count"] <= 3, got          # bwrap's init, the python, perhaps a shell
+    finally:
+        os.kill(outside.pid, 18)                # SIGCONT, whatever happened
+        outside.kill()
+        outside.wait()
+
+
+def test_the_watch_tells_a_live_sandboxed_rank_from_a_dead_one(bwrap, tmp_path):
+    """A rank's beat names its pid inside the sandbox, which the launcher cannot use (there it
+    is some other process, or none); the watch reads the lock the beat holds instead: a beat
+    counts while its writer lives, not after."""
+    from exercise_utils import heartbeat
+    code = ("import sys, time\nfrom exercise_utils import heartbeat\n"
+            f"heartbeat.start({str(tmp_path)!r}, 0, period=0.1)\n"
+            "print('up', flush=True)\ntime.sleep(120)")
+    rank = subprocess.Popen(sandbox.command([sys.executable, "-c", code],
+                                            writable=[tmp_path], cwd="/"),
+                            stdout=subprocess.PIPE, text=True)
+    watch = heartbeat.Watch(tmp_path, 1, hang_after=60)
+    try:
+        assert rank.stdout.readline().strip() == "up"
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "beat0.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        beat = watch._read(0)
+        assert beat is not None and beat["phase"] == "start"
+        assert beat["pid"] != rank.pid and not any(
+            p.pid == beat["pid"] for p in psutil.Process(rank.pid).children(recursive=True))
+    finally:
+        rank.kill()                # bwrap: its pid namespace, the rank with it
+        rank.wait()
+    deadline = time.monotonic() + 30
+    while watch._read(0) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert watch._read(0) is None, "a dead rank's beat still counts"
 
 
 def test_ranks_of_one_sandbox_reach_each_other(bwrap, tmp_path):
