@@ -140,7 +140,7 @@ def probe_api(student, ctx, rec, progress):
 def _broadcast(student, ctx, case, root, spec):
     ctx.case(case)
     root = {"last": ctx.size - 1, "middle": ctx.size // 2}.get(root, root)
-    model = seeded_model(spec, 50 + ctx.rank)
+    model = seeded_model(spec, 50 + ctx.rank, ctx.salt)
     tensors = list(model.parameters()) + list(model.buffers())
     before, ptrs = named_state(model), [t.data_ptr() for t in tensors]
     student.broadcast_parameters(model, root=root)
@@ -170,7 +170,7 @@ def _train_api(student, ctx, data, case, strategy, how):
     if strategy == "callable":
         strategy = _reference_reduce(ctx, log, "callable")
     try:
-        model = seeded_model("edge", 100 + ctx.rank)
+        model = seeded_model("edge", 100 + ctx.rank, ctx.salt)
         init = named_state(model)
         student.broadcast_parameters(model, root=0)
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)

@@ -90,7 +90,7 @@ def _train_ddp(student, ctx, rec, case, spec, make_ddp, pattern=None):
     ``no_sync()``, micro-batch 2 inside the outer one, then an idle
     ``finish_gradient_synchronization()``)."""
     ctx.case(case)
-    model = seeded_model(spec, 100 + ctx.rank)
+    model = seeded_model(spec, 100 + ctx.rank, ctx.salt)
     init = named_state(model)
     for pname, p in model.named_parameters():
         if p.requires_grad:      # registered before the student's hooks: they run first
@@ -153,7 +153,7 @@ def _train_unused(student, ctx):
     RuntimeError], ...], "init", "final", "grads"}``. No optimizer step follows an error
     (as in a training loop that catches it); the step after must train normally."""
     ctx.case("buckets-unused-error")
-    model = seeded_model("branch", 100 + ctx.rank)
+    model = seeded_model("branch", 100 + ctx.rank, ctx.salt)
     init = named_state(model)
     ddp = student.BucketDDP(model, bucket_cap_mb=BUCKET_CAPS["branch"] / 2 ** 20)
     opt, errors, grads = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM), [], {}

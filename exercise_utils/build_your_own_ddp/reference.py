@@ -47,8 +47,8 @@ UNUSED_AT, UNUSED = 1, ("branch.weight", "branch.bias")   # skipped in step 1 (o
 DATA_SIZE, GLOBAL_BATCH = 47, 12         # partition_dataset: 3 steps with 2 ranks and with 3;
 #                                          a sampler that pads the 47 examples to 48 yields a
 #                                          4th step (with a repeated example)
-COUNTER = 2 ** 24 + 1    # BatchNorm's num_batches_tracked starts at COUNTER + 2 * seed (odd):
-#                          a float32 buffer cannot hold it
+COUNTER = 2 ** 24 + 1    # BatchNorm's num_batches_tracked starts at COUNTER + 2 * seed (plus
+#                          twice the salt mod 1000003): odd, which a float32 buffer cannot hold
 
 
 def features(spec):
@@ -71,15 +71,17 @@ def make_model(spec):
     return model
 
 
-def seeded_model(spec, seed):
+def seeded_model(spec, seed, salt=0):
     """A model initialised from ``seed``; EdgeNet's BatchNorm also gets running statistics from
-    a batch and a counter float32 cannot hold."""
-    torch.manual_seed(seed)
+    a batch and a counter float32 cannot hold. With a rank's ``salt`` (``ctx.salt``: at
+    grading a number only that rank and the judge know) its values derive from it too, so a
+    rank's model can reach another only through the network (a broadcast)."""
+    torch.manual_seed((seed + 1_000_003 * salt) % (1 << 63))
     model = make_model(spec)
     if spec.startswith("edge"):
         with torch.no_grad():
             model(torch.randn(8, features(spec), dtype=dtype_of(spec)) * 2 + 1)
-            model.bn.num_batches_tracked.fill_(COUNTER + 2 * seed)
+            model.bn.num_batches_tracked.fill_(COUNTER + 2 * seed + 2 * (salt % 1_000_003))
             if dtype_of(spec) == torch.float64:     # values float32 cannot hold
                 for p in model.parameters():
                     p.mul_(1 + 2 ** -40)
