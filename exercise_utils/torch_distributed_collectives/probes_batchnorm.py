@@ -4,7 +4,8 @@
 ``convert_batchnorm`` for every case of :func:`bn_cases` (each charged to its check case with
 ``ctx.case``), runs training steps on this rank's rows of a global batch and then eval mode, and
 returns what came out (:func:`bn_run`); the same function on one ``nn.BatchNorm`` and the
-concatenated rows is the judge's reference (:mod:`.checks_batchnorm`).
+concatenated rows is the judge's reference (:mod:`.checks_batchnorm`). A rank generates its
+own rows only (:func:`bn_rank_data`), from its salt at grading.
 
 Used in 03_torch_distributed_collectives.
 """
@@ -13,6 +14,7 @@ import gc
 import torch
 from torch import nn
 
+from ..rankworker import salted_generator
 from .probes import _my_group, _seed_everything
 
 BN_STEPS = 2
@@ -51,20 +53,35 @@ def bn_layer(case):
     return bn.to(getattr(torch, case["dtype"]))
 
 
-def bn_data(case):
-    """Per step: the global input (channels with different scales and offsets; with
-    ``near_constant``, channel 0 spread by 3e-3 around 0) and the loss weights; the loss is
-    sum(output * weights). Plus an eval-mode input."""
-    g = torch.Generator().manual_seed(99)
+def bn_rank_data(case, rank, salt=0):
+    """Rank ``rank``'s rows of :func:`bn_data`: per step its input (channels with different
+    scales and offsets, the same on every rank; with ``near_constant``, channel 0 spread by
+    3e-3 around 0) and its loss weights (the loss is sum(output * weights)); then its rows of
+    the eval-mode input. With the rank's ``salt`` (``ctx.salt``: at grading a number only it
+    and the judge know) its values derive from it: no rank can rebuild another's rows."""
+    common = torch.Generator().manual_seed(99)
     dtype = getattr(torch, case["dtype"])
-    c, shape = case["channels"], (sum(case["sizes"]), case["channels"], *case["spatial"])
+    c = case["channels"]
+    shape = (case["sizes"][rank], c, *case["spatial"])
     view = (1, c) + (1,) * len(case["spatial"])
-    scale, offset = torch.rand(c, generator=g) * 2.5 + 0.5, torch.randn(c, generator=g) * 2
+    scale = torch.rand(c, generator=common) * 2.5 + 0.5
+    offset = torch.randn(c, generator=common) * 2
     if case.get("near_constant"):
         scale[0], offset[0] = 3e-3, 0.0
+    g = salted_generator(99 + 7919 * (rank + 1), salt)
     make = lambda: (torch.randn(shape, generator=g, dtype=torch.float64) * scale.view(view)
                     + offset.view(view)).to(dtype)
     return [(make(), torch.randn(shape, generator=g, dtype=dtype)) for _ in range(BN_STEPS)], make()
+
+
+def bn_data(case, salts=None):
+    """The global batch, every rank's rows (:func:`bn_rank_data`, rank 0's first) concatenated:
+    per step the input and the loss weights, then the eval-mode input. ``salts``: each rank's
+    (``{rank: salt}``), or None: all 0."""
+    parts = [bn_rank_data(case, r, (salts or {}).get(r, 0)) for r in range(len(case["sizes"]))]
+    steps = [tuple(torch.cat([steps[k][i] for steps, _ in parts]) for i in range(2))
+             for k in range(BN_STEPS)]
+    return steps, torch.cat([x_eval for _, x_eval in parts])
 
 
 def bn_rows(sizes, ranks):
@@ -112,10 +129,7 @@ def probe_sync_batchnorm(student, ctx):
             layer = student.convert_batchnorm(model)[0]
         layer.to(getattr(torch, case["dtype"]))      # convert_batchnorm builds float32 layers
         _seed_everything(1000 + ctx.rank)
-        steps, x_eval = bn_data(case)
-        sizes = case["sizes"]
-        part = slice(sum(sizes[:ctx.rank]), sum(sizes[:ctx.rank + 1]))
-        out = bn_run(layer, steps, x_eval, part)
+        out = bn_run(layer, *bn_rank_data(case, ctx.rank, ctx.salt))    # this rank's rows only
         out["is_student_class"] = isinstance(layer, student.DistributedBatchNorm)
         out["group"] = mine
         results.append(out)
