@@ -3,6 +3,8 @@
 
 Used in 09_bonus_fsdp.
 """
+import numpy as np
+
 from ..contract import fail
 from ..harness import assert_close, check, wire_outside
 from . import nets, references
@@ -110,10 +112,14 @@ def check_zero3(path):
                      f"shard of each unit ({[n // size for n in sizes]})")
             for step, rec in enumerate(out["steps"]):
                 _check_zero3_step(size, rank, step, rec, sizes)
+            # the logits' rounding scales with the largest of them, not with each one: an
+            # absolute slack of RTOL x max|logit| (elementwise RTOL alone rejected correct files
+            # for 3 of 8 salted batches: 2e-5 to 5e-4 off a logit near 0, of logits up to 40)
+            scale = float(np.abs(out["ref_outputs"]).max(initial=0.0))
             assert_close(out["outputs"], out["ref_outputs"],
                          f"outputs after {nets.STEPS} steps of Zero3 with {size} ranks, "
-                         f"against one process on the combined batch", rank, atol=ATOL,
-                         rtol=RTOL, case="zero3-values")
+                         f"against one process on the combined batch", rank,
+                         atol=ATOL + RTOL * scale, rtol=RTOL, case="zero3-values")
             for step, rec in enumerate(out["steps"]):
                 _check_attributes(size, rank, rec["gathered"],
                                   f"after the forward or the optimizer step of step {step}")
