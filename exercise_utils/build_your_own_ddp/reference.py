@@ -76,7 +76,7 @@ def seeded_model(spec, seed, salt=0):
     a batch and a counter float32 cannot hold. With a rank's ``salt`` (``ctx.salt``: at
     grading a number only that rank and the judge know) its values derive from it too, so a
     rank's model can reach another only through the network (a broadcast)."""
-    torch.manual_seed((seed + 1_000_003 * salt) % (1 << 63))
+    torch.manual_seed(salted_generator(seed, salt).initial_seed())     # (the global RNG)
     model = make_model(spec)
     if spec.startswith("edge"):
         with torch.no_grad():
