@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from exercise_utils import cluster
 from exercise_utils.bonus_powersgd import checks, network
+from exercise_utils.bonus_powersgd import checks_powersgd  # (after checks: they import each other)
 from exercise_utils.bonus_powersgd import experiments as pe
 from exercise_utils.bonus_powersgd import expected
 from exercise_utils.bonus_powersgd import reference as ref
@@ -228,7 +229,7 @@ def test_correct_powersgd_stays_within_the_tolerance_for_any_salts(name, size):
     added to a column's norm is what differs from QR, and warm start with error feedback
     amplifies it step by step: at the inputs' old scale (1000) 5% of runs came within 10x of
     the tolerance and 1 in 750 failed it."""
-    from exercise_utils.bonus_powersgd.checks_powersgd import TOL
+    TOL = checks_powersgd.TOL
     rng = np.random.default_rng(5)
     ways = {"qr": lambda p: torch.linalg.qr(p).Q,
             "mgs": lambda p: _gram_schmidt(p, False), "cgs": lambda p: _gram_schmidt(p, True)}
