@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from exercise_utils import cluster
 from exercise_utils.bonus_powersgd import checks, network
-from exercise_utils.bonus_powersgd import checks_powersgd  # (after checks: they import each other)
+from exercise_utils.bonus_powersgd import checks_powersgd
 from exercise_utils.bonus_powersgd import experiments as pe
 from exercise_utils.bonus_powersgd import expected
 from exercise_utils.bonus_powersgd import reference as ref

@@ -119,6 +119,34 @@ def test_every_dotted_name_in_the_repository_resolves():
     assert stale == {}
 
 
+IMPORT_EACH_FIRST = """
+import importlib, pkgutil, sys, exercise_utils
+names = sorted(m.name for m in pkgutil.walk_packages(exercise_utils.__path__, "exercise_utils."))
+bad = []
+for name in names:
+    for key in [k for k in sys.modules if k.split(".")[0] == "exercise_utils"]:
+        del sys.modules[key]
+    try:
+        importlib.import_module(name)
+    except Exception as err:
+        bad.append(f"{name}: {type(err).__name__}: {err}")
+print(len(names), bad)
+"""
+
+
+def test_every_module_imports_on_its_own():
+    """Each module of exercise_utils imports first, in an interpreter with none of the course
+    loaded: no import cycle whose outcome depends on which module a notebook or test imports
+    first (08's checks and checks_powersgd had one: importing checks_powersgd first failed)."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", IMPORT_EACH_FIRST], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    count, bad = out.stdout.strip().split(" ", 1)
+    assert int(count) > 100 and bad == "[]", bad
+
+
 def test_check_cells_import_from_their_notebooks_package():
     for topic, stem in topics().items():
         cells = json.loads((ROOT / "solutions" / f"{stem}.ipynb").read_text())["cells"]

@@ -6,6 +6,7 @@ Modules:
 * ``checks``: ``check_orthogonalize``, ``check_compression_rank`` (and ``check_powersgd``,
   from ``checks_powersgd``), one launch of 3 ranks for all three;
 * ``checks_powersgd``: ``check_powersgd``, setting by setting, step by step;
+* ``launches``: the one launch of 3 ranks the checks share, cached per file content;
 * ``probes``: what runs inside the ranks those checks start (the recorder and the probe);
 * ``expected``: the reference ``compression_rank`` and PowerSGD replayed in float64 (the
   judge's; no rank imports it);

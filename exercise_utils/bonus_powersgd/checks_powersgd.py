@@ -34,7 +34,7 @@ from ..harness import check, wire_outside
 from ..contract import fail
 from . import expected
 from . import reference as ref
-from .checks import LINKS, TIMEOUT, _results, wire_key, world_salts
+from .launches import LINKS, TIMEOUT, _results, wire_key, world_salts
 
 TOL = {"float32": 2e-4, "float64": 1e-9}   # |got - want| <= TOL * max|want| (float32 Gram-
 #   Schmidt at full rank on the tall matrices, 3000 salted runs: up to 3.3e-5; a mistake: 1e-1
