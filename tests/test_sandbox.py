@@ -3,6 +3,7 @@ change, its network, ranks talking inside it, and nothing left behind."""
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -165,6 +166,32 @@ def test_a_sandboxed_tree_is_stopped_whole(bwrap, tmp_path):
                            "time.sleep(300)']); time.sleep(300)"], cwd="/")
     with pytest.raises(launch.LaunchTimeout):
         launch.run(cmd, timeout=3, echo=False)
+
+
+def test_a_sandbox_is_stopped_without_waiting_for_its_init_to_be_reaped(bwrap):
+    """Once its processes are gone the sandbox's init (bwrap, pid 1 of its namespace) is a
+    zombie until its parent reaps it: kill_processes used to wait for that, up to the grace
+    twice over (about a second per sandboxed launch at grading; here, with the parent stopped,
+    2 x 30 s)."""
+    from exercise_utils import processes
+    proc = subprocess.Popen(sandbox.command(["sh", "-c", "sleep 300 & sleep 300"], cwd="/"),
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(psutil.Process(proc.pid).children(recursive=True)) < 4:
+            assert time.monotonic() < deadline and proc.poll() is None, "the sandbox did not start"
+            time.sleep(0.05)
+        inside = psutil.Process(proc.pid).children(recursive=True)
+        assert [processes.inner_pid(p) for p in inside][0] == 1         # bwrap's init
+        proc.send_signal(signal.SIGSTOP)        # the outer bwrap: it reaps nothing while stopped
+        start = time.monotonic()
+        killed = processes.kill_processes(inside, grace=30)
+        assert time.monotonic() - start < 15 and sorted(killed) == sorted(p.pid for p in inside)
+        assert not [p for p in inside if processes._is_alive(p)]
+        assert inside[0].status() == psutil.STATUS_ZOMBIE
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_nothing_outside_the_writable_folders_changes(bwrap, tmp_path):
