@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from exercise_utils import cluster
 from exercise_utils.bonus_powersgd import checks, network
-from exercise_utils.bonus_powersgd import checks_powersgd
+from exercise_utils.bonus_powersgd import checks_powersgd, launches
 from exercise_utils.bonus_powersgd import experiments as pe
 from exercise_utils.bonus_powersgd import expected
 from exercise_utils.bonus_powersgd import reference as ref
@@ -162,7 +162,7 @@ def test_the_sweeps_reach_every_edge_the_contract_names():
     assert (1, 1) in {shape for _, shape, _, _ in ortho}
     assert {sp[1] for *_, sp in ortho if isinstance(sp, tuple)} == {0, 1}
     assert any(sp == "parallel" for *_, sp in ortho)
-    assert checks.WORLDS == (1, 2, 3) and ref.STEPS >= 2
+    assert launches.WORLDS == (1, 2, 3) and ref.STEPS >= 2
     s = ref.SETTINGS
     assert s["rank2"].case == "psgd-values" and not s["cold"].warm and s["rate2"].rate != 1
     assert s["float64"].dtype == "float64"

@@ -26,7 +26,7 @@ from ..contract import fail
 from ..harness import check
 from . import expected
 from . import reference as ref
-from .launches import TIMEOUT, WORLDS, _local_stage  # noqa: F401 - WORLDS: the tests read it here
+from .launches import TIMEOUT, _local_stage
 
 
 # ---------------------------------------------------------------- stage 1
