@@ -1,0 +1,180 @@
+"""The judge's single-process reference blocks of notebook 10 and the salted weights, inputs and
+upstream gradients of the tensor-parallel check: built the same way inside every rank
+(:mod:`.probes`) and by the judge (:mod:`.checks`), from a seed and rank 0's salt.
+
+The blocks are the judge's own (never the student's ``MLP`` / ``Attention``), with the attribute
+names the contract promises ``from_mlp`` / ``from_attention`` can rely on: ``fc1``, ``act``,
+``fc2``; ``q``, ``k``, ``v``, ``o``, ``n_heads``, ``causal``. Head ``i`` occupies features
+``[i*hd, (i+1)*hd)``.
+
+Used in 10_bonus_model_parallel.
+"""
+import math
+
+import torch
+import torch.nn as nn
+
+from ..rankworker import salted_generator
+
+D_MODEL, D_HIDDEN, N_HEADS = 24, 48, 6     # divisible by 2 and 3 (the world sizes checked)
+BATCH, SEQ = 3, 5
+# (name, kind, dtype, causal): every launch runs these, in this order
+BLOCKS = (("mlp-float64", "mlp", "float64", False),
+          ("mlp-float32", "mlp", "float32", False),
+          ("attention-float64", "attention", "float64", False),
+          ("attention-float32", "attention", "float32", False),
+          ("causal-attention-float64", "attention", "float64", True))
+SEED = {"mlp": 1010, "attention": 2020}
+# The parameters of each kind, and how a rank holds them: "rows" (column-parallel: its rows
+# of the weight, its entries of the bias), "cols" (row-parallel weight: its columns), "full"
+# (the row-parallel bias: whole on every rank).
+PARAMS = {"mlp": (("fc1.weight", "rows"), ("fc1.bias", "rows"),
+                  ("fc2.weight", "cols"), ("fc2.bias", "full")),
+          "attention": tuple((f"{n}.{p}", kind) for n in "qkv" for p, kind in
+                             (("weight", "rows"), ("bias", "rows")))
+          + (("o.weight", "cols"), ("o.bias", "full"))}
+
+
+class RefMLP(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(d, h), nn.GELU(), nn.Linear(h, d)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class RefAttention(nn.Module):
+    def __init__(self, d, n_heads, causal=False):
+        super().__init__()
+        self.n_heads, self.head_dim, self.causal = n_heads, d // n_heads, causal
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        B, T, d = x.shape
+        H, hd = self.n_heads, self.head_dim
+
+        def split(t):
+            return t.reshape(B, T, H, hd).transpose(1, 2)
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(hd)
+        if self.causal:
+            scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1),
+                                        float("-inf"))
+        y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, d)
+        return self.o(y)
+
+
+def build(kind, dtype, causal, salt):
+    """``(block, x, upstream)``: the reference block with salted weights (biases included, none
+    zero), the input ``x`` (``(BATCH, SEQ, D_MODEL)``, requires grad) and the upstream gradient
+    the backward pass starts from (the loss is ``(block(x) * upstream).sum()``), all of
+    ``dtype`` and drawn from ``salt`` (rank 0's ``ctx.salt``; 0 when unsalted)."""
+    dt = getattr(torch, dtype)
+    gen = salted_generator(SEED[kind] + (7 if causal else 0), salt)
+    block = (RefMLP(D_MODEL, D_HIDDEN) if kind == "mlp"
+             else RefAttention(D_MODEL, N_HEADS, causal)).to(dt)
+    with torch.no_grad():
+        for p in block.parameters():
+            fan_in = p.shape[-1] if p.dim() == 2 else D_MODEL
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / math.sqrt(fan_in))
+    x = torch.randn(BATCH, SEQ, D_MODEL, generator=gen, dtype=torch.float64).to(dt)
+    upstream = torch.randn(BATCH, SEQ, D_MODEL, generator=gen, dtype=torch.float64).to(dt)
+    return block, x.requires_grad_(True), upstream
+
+
+def reference(kind, dtype, causal, salt):
+    """The judge's one-process values: ``{"out", "x_grad", "grads": {name: full gradient}}``
+    as float64 numpy arrays."""
+    block, x, upstream = build(kind, dtype, causal, salt)
+    out = block(x)
+    (out * upstream).sum().backward()
+    params = dict(block.named_parameters())
+    return {"out": out.detach().double().numpy(), "x_grad": x.grad.double().numpy(),
+            "grads": {name: params[name].grad.double().numpy() for name, _ in PARAMS[kind]}}
+
+
+def shard(full, how, rank, size):
+    """Rank ``rank``'s part of the full array ``full`` held as ``how`` (see ``PARAMS``)."""
+    if how == "full":
+        return full
+    if how == "rows":
+        k = full.shape[0] // size
+        return full[rank * k:(rank + 1) * k]
+    k = full.shape[1] // size
+    return full[:, rank * k:(rank + 1) * k]
+
+
+# ---------------------------------------------------------------- pipeline parallelism
+# The judge's stack for the pipeline check: Linear layers of these widths, Tanh between them
+# (none after the last), split into p consecutive stages of LAYERS // p layers each (p = 2, 3).
+# The widths change at every layer, so a stage's output shape is not its input's.
+PP_WIDTHS = (5, 8, 7, 6, 9, 4, 3)
+PP_LAYERS = len(PP_WIDTHS) - 1
+PP_SEED = 3030
+# (name, dtype, schedule, m, batch): every pipeline launch runs these, in this order; the
+# batch of 10 rows splits unevenly into 3 (4+3+3) and 4 (3+3+2+2) micro-batches.
+PP_RUNS = tuple((f"{sched}-m{m}-{dtype}", dtype, sched, m, 8 if m <= 2 else 10)
+                for dtype in ("float64", "float32") for sched in ("gpipe", "1f1b")
+                for m in (1, 2, 3, 4))
+
+
+def pp_stack(dtype, salt, batch):
+    """``(layers, x, y)``: the whole model as a list of modules (Linear, Tanh, ..., Linear)
+    with salted weights, the input ``(batch, PP_WIDTHS[0])`` and the target
+    ``(batch, PP_WIDTHS[-1])``, all of ``dtype``, drawn from ``salt`` (rank 0's)."""
+    dt = getattr(torch, dtype)
+    gen = salted_generator(PP_SEED + batch, salt)
+    layers = []
+    for i, (a, b) in enumerate(zip(PP_WIDTHS, PP_WIDTHS[1:])):
+        lin = nn.Linear(a, b).to(dt)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(b, a, generator=gen, dtype=torch.float64)
+                             / math.sqrt(a))
+            lin.bias.copy_(torch.randn(b, generator=gen, dtype=torch.float64) * 0.5)
+        layers.append(lin)
+        if i < PP_LAYERS - 1:
+            layers.append(nn.Tanh())
+    x = torch.randn(batch, PP_WIDTHS[0], generator=gen, dtype=torch.float64).to(dt)
+    y = torch.randn(batch, PP_WIDTHS[-1], generator=gen, dtype=torch.float64).to(dt)
+    return layers, x, y
+
+
+def pp_stage(layers, p, s):
+    """Stage ``s`` of ``p``: ``nn.Sequential`` of its ``PP_LAYERS // p`` Linear layers (each
+    with the Tanh that follows it)."""
+    per = PP_LAYERS // p
+    lins = [i for i, mod in enumerate(layers) if isinstance(mod, nn.Linear)]
+    start = lins[s * per]
+    end = lins[(s + 1) * per] if s + 1 < p else len(layers)
+    return nn.Sequential(*layers[start:end])
+
+
+def pp_reference(dtype, salt, batch, p):
+    """One process, the whole batch: ``{"loss": float, "grads": [per stage: [arrays of its
+    parameters, in named_parameters order]]}`` for the mse loss (mean) of the stack."""
+    layers, x, y = pp_stack(dtype, salt, batch)
+    model = nn.Sequential(*layers)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    return {"loss": float(loss.detach()),
+            "grads": [[q.grad.double().numpy() for q in pp_stage(layers, p, s).parameters()]
+                      for s in range(p)]}
+
+
+def gpipe_ref(p, m, s):
+    """The judge's GPipe order: all forwards, then the backwards in reverse order."""
+    return [("F", j) for j in range(m)] + [("B", j) for j in reversed(range(m))]
+
+
+def one_f_one_b_ref(p, m, s):
+    """The judge's 1F1B order: warm-up of min(p-s-1, m) forwards, then F(j), B(j-w) pairs,
+    then the remaining backwards."""
+    warm = min(p - s - 1, m)
+    order = [("F", j) for j in range(warm)]
+    for j in range(warm, m):
+        order += [("F", j), ("B", j - warm)]
+    return order + [("B", j) for j in range(m - warm, m)]
+
+
+ORDERS = {"gpipe": gpipe_ref, "1f1b": one_f_one_b_ref}

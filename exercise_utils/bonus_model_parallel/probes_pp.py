@@ -1,0 +1,252 @@
+"""Probes of notebook 10's pipeline checkers (:mod:`.checks_pp`).
+
+* :func:`probe_schedules` runs in one process without communication (``backend="none"``): the
+  student's ``gpipe_order`` / ``one_f_one_b_order`` for every ``p`` in 1..4, ``m`` in 1..8 and
+  stage, and on invalid arguments; it returns what they returned (as plain lists) or raised.
+* :func:`probe_pipeline` runs inside every gloo rank (2 and 3 ranks). Rank 0's salt reaches the
+  others by one broadcast made before anything is recorded. For every run of
+  :data:`.nets.PP_RUNS` rank ``s`` builds stage ``s`` of the judge's stack (:func:`.nets.pp_stack`,
+  :func:`.nets.pp_stage`), takes the judge's own order (:data:`.nets.ORDERS`: the student's
+  order functions are checked by :func:`probe_schedules`, not here) and calls the student's
+  ``pipeline_step`` twice without zeroing the gradients. Every ``torch.distributed`` call the
+  student makes is recorded (point-to-point: name, elements, global peer; collectives: name);
+  a message to or from a rank that is not a neighbouring stage is stopped before it is made
+  (it would hang or reach the wrong stage). Returned as plain data: the loss and this stage's
+  parameter gradients after each call, and the calls of each.
+
+Used in 10_bonus_model_parallel.
+"""
+import torch
+import torch.distributed as dist
+
+from .. import pgwatch
+from ..rankworker import not_implemented
+from .nets import ORDERS, PP_RUNS, pp_stack, pp_stage
+
+P2P = ("send", "recv", "isend", "irecv")
+SENDS = ("send", "isend")
+OTHER = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+         "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",
+         "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "all_to_all",
+         "all_to_all_single", "all_reduce_coalesced", "barrier", "monitored_barrier",
+         "send_object_list", "recv_object_list", "batch_isend_irecv")
+P_MAX, M_MAX = 4, 8
+BAD_ARGS = ((0, 1, 0), (1, 0, 0), (-1, 2, 0), (2, -3, 0), (2, 2, 2), (2, 2, -1), (3, 4, 5),
+            (2.0, 2, 0), (2, 2.0, 0), (2, 2, 0.0), (True, 2, 0), (2, True, 0), ("2", 2, 0),
+            (None, 2, 0))
+
+
+# ---------------------------------------------------------------- schedules
+def _plain(value):
+    """A returned order as plain data: a list of [kind, j] where it is a list of pairs of a
+    str and an int, else ``{"type": ..., "repr": ...}``."""
+    if isinstance(value, (list, tuple)):
+        items = []
+        for item in value:
+            if (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
+                    and isinstance(item[1], int) and not isinstance(item[1], bool)):
+                items.append([item[0], int(item[1])])
+            else:
+                return {"type": type(value).__name__, "repr": repr(value)[:300],
+                        "bad_item": repr(item)[:80]}
+        return {"type": type(value).__name__, "ops": items}
+    return {"type": type(value).__name__, "repr": repr(value)[:300]}
+
+
+def probe_schedules(student, ctx):
+    """``{"orders": {name: {"p,m,s": result}}, "errors": {name: [[args, result]]}}``; a
+    result is ``_plain``'s dict or ``{"raised": type name, "message": str}``; a function
+    whose code still raises NotImplementedError gives ``{"todo": function}``."""
+    out = {"orders": {}, "errors": {}}
+    for name in ("gpipe_order", "one_f_one_b_order"):
+        fn = getattr(student, name, None)
+        if fn is None:
+            out["orders"][name] = {"missing": name}
+            continue
+        ctx.case("schedule-gpipe" if name == "gpipe_order" else "schedule-1f1b")
+        results = {}
+        try:
+            for p in range(1, P_MAX + 1):
+                for m in range(1, M_MAX + 1):
+                    for s in range(p):
+                        try:
+                            results[f"{p},{m},{s}"] = _plain(fn(p, m, s))
+                        except NotImplementedError:
+                            raise
+                        except Exception as exc:     # a verdict of the judge, not a crash
+                            results[f"{p},{m},{s}"] = {"raised": type(exc).__name__,
+                                                       "message": str(exc)[:200]}
+        except NotImplementedError as exc:
+            out["orders"][name] = not_implemented(student, exc)
+            continue
+        out["orders"][name] = results
+        ctx.case("schedule-errors")
+        errors = []
+        for args in BAD_ARGS:
+            try:
+                got = {"returned": repr(fn(*args))[:100]}
+            except Exception as exc:
+                got = {"raised": type(exc).__name__, "message": str(exc)[:200]}
+            errors.append([repr(args), got])
+        out["errors"][name] = errors
+    return out
+
+
+# ---------------------------------------------------------------- pipeline
+class WrongPeer(RuntimeError):
+    """A message to or from a rank that is not a neighbouring stage (stopped before it is
+    made)."""
+
+
+def _global(group, group_rank):
+    try:
+        return dist.get_global_rank(group or dist.group.WORLD, group_rank)
+    except (ValueError, RuntimeError):
+        return None
+
+
+class _Recorded:
+    """Stands for a ``torch.distributed`` function: logs each call, then makes it."""
+
+    def __init__(self, name, fn, log, paths, peers):
+        self.name, self.fn, self.log, self.paths, self.peers = name, fn, log, paths, peers
+        self.__name__ = self.__qualname__ = name
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, *args, **kwargs):
+        if self.name in P2P:
+            tensor = args[0] if args else kwargs.get("tensor")
+            key = "dst" if self.name in SENDS else "src"
+            peer = args[1] if len(args) > 1 else kwargs.get(key)
+            if peer is None and kwargs.get(f"group_{key}") is not None:
+                peer = _global(args[2] if len(args) > 2 else kwargs.get("group"),
+                               kwargs[f"group_{key}"])
+            numel = int(tensor.numel()) if isinstance(tensor, torch.Tensor) else None
+            self.log.append([self.name, numel, peer])
+            if peer not in self.peers:
+                raise WrongPeer(f"dist.{self.name} {'to' if key == 'dst' else 'from'} rank "
+                                f"{peer}: stage s talks only to its neighbouring stages, here "
+                                f"ranks {sorted(self.peers)}")
+        else:
+            self.log.append([self.name, None, None])
+        with self.paths.sanctioned():
+            return self.fn(*args, **kwargs)
+
+    def __eq__(self, other):            # dist.P2POp checks `op in [isend, irecv]`
+        return other is self or other is self.fn
+
+    def __hash__(self):
+        return hash(self.fn)
+
+
+class _Recording:
+    """Wraps the point-to-point functions and the collectives of ``torch.distributed`` (and the
+    names the student's module imported from it) while installed; what reaches the ProcessGroup
+    by another path is logged too (:mod:`exercise_utils.pgwatch`)."""
+
+    def __init__(self, student, peers):
+        self.student, self.log, self.peers = student, [], peers
+
+    def __enter__(self):
+        self._watch = pgwatch.watching(self.log)
+        paths = self._watch.__enter__()
+        names = [n for n in P2P + OTHER if hasattr(dist, n)]
+        self.originals = {n: getattr(dist, n) for n in names}
+        wrapped = {n: _Recorded(n, f, self.log, paths, self.peers)
+                   for n, f in self.originals.items()}
+        by_id = {id(f): wrapped[n] for n, f in self.originals.items()}
+        self.rebound = {k: v for k, v in vars(self.student).items() if id(v) in by_id}
+        for n, f in wrapped.items():
+            setattr(dist, n, f)
+        for k, v in self.rebound.items():
+            setattr(self.student, k, by_id[id(v)])
+        return self
+
+    def take(self):
+        log, self.log[:] = list(self.log), []
+        return log
+
+    def __exit__(self, *exc):
+        for n, f in self.originals.items():
+            setattr(dist, n, f)
+        for k, v in self.rebound.items():
+            setattr(self.student, k, v)
+        return self._watch.__exit__(*exc)
+
+
+class _Tap(torch.autograd.Function):
+    """Identity; its backward logs ``["B", k]``: when micro-batch ``k``'s backward reaches the
+    stage's output."""
+
+    @staticmethod
+    def forward(ctx, y, k, log):
+        ctx.k, ctx.log = k, log
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.log.append(["B", ctx.k])
+        return grad, None, None
+
+
+class _Logged(torch.nn.Module):
+    """The judge's stage, logging ``["F", k]`` for its k-th forward of a call and (through
+    :class:`_Tap`) ``["B", k]`` when that forward's backward runs."""
+
+    def __init__(self, stage):
+        super().__init__()
+        self.stage, self.ops = stage, []
+
+    def forward(self, x):
+        k = sum(1 for op in self.ops if op[0] == "F")
+        self.ops.append(["F", k])
+        return _Tap.apply(self.stage(x), k, self.ops)
+
+
+def _grads(stage):
+    return [None if q.grad is None else q.grad.detach().double().numpy().copy()
+            for q in stage.parameters()]
+
+
+def probe_pipeline(student, ctx, runs=None):
+    """``{"salt0": rank 0's salt, "runs": {name: result}}``; a result holds, for each of the
+    two calls of ``pipeline_step``, ``{"loss", "grads", "calls"}``; a run whose code still
+    raises NotImplementedError gives ``{"todo": function}``."""
+    torch.set_num_threads(1)
+    salt = torch.tensor([getattr(ctx, "salt", 0) if ctx.rank == 0 else 0], dtype=torch.int64)
+    dist.broadcast(salt, src=0)
+    salt0 = int(salt.item())
+    p, s = ctx.size, ctx.rank
+    peers = {r for r in (s - 1, s + 1) if 0 <= r < p}
+    results = {}
+    with _Recording(student, peers) as rec:
+        for name, dtype, sched, m, batch in PP_RUNS:
+            if runs is not None and name not in runs:
+                continue
+            ctx.case("pp-values")
+            layers, x, y = pp_stack(dtype, salt0, batch)
+            stage = pp_stage(layers, p, s)
+            logged = _Logged(stage)
+            order = ORDERS[sched](p, m, s)
+            calls = []
+            try:
+                for _ in range(2):
+                    rec.take()
+                    logged.ops = []
+                    try:
+                        loss = student.pipeline_step(
+                            logged, list(order), inputs=x if s == 0 else None,
+                            targets=y if s == p - 1 else None,
+                            loss_fn=torch.nn.functional.mse_loss if s == p - 1 else None)
+                    except WrongPeer:
+                        ctx.case("pp-messages")
+                        raise
+                    calls.append({"loss": loss if isinstance(loss, (int, float)) or loss is None
+                                  else repr(loss)[:100],
+                                  "grads": _grads(stage), "calls": rec.take(),
+                                  "ops": list(logged.ops)})
+            except NotImplementedError as exc:
+                results[name] = not_implemented(student, exc)
+                continue
+            results[name] = {"steps": calls}
+    return {"salt0": salt0, "runs": results}

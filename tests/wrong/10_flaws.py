@@ -1,0 +1,178 @@
+"""Known-wrong files of notebook 10, as patches of the solution (see tests/flaws.py): one flaw
+each, naming the clause of ``exercise_utils/bonus_model_parallel/requirements.py`` it breaks and
+the check case that must reject it."""
+from flaws import Flaw
+
+F_BACKWARD = ("        grad = grad.clone(memory_format=torch.contiguous_format)\n"
+              "        dist.all_reduce(grad)\n        return grad\n")
+G_FORWARD = ("        out = x.clone(memory_format=torch.contiguous_format)\n"
+             "        dist.all_reduce(out)\n        return out\n")
+COL_ROWS = "        rows = slice(rank * k, (rank + 1) * k)\n"
+ROW_BIAS = "        bias = None if linear.bias is None else linear.bias.detach().clone()\n"
+ROW_FORWARD = ("        y = ReduceFromParallel.apply(F.linear(x, self.weight))\n"
+               "        return y if self.bias is None else y + self.bias\n")
+ATTN_FORWARD = ("        x = CopyToParallel.apply(x)\n        return self.o(attention_heads("
+                "self.q(x), self.k(x), self.v(x), self.n_heads, self.causal))\n")
+GPIPE = "    return [(\"F\", j) for j in range(m)] + [(\"B\", j) for j in reversed(range(m))]\n"
+WARM = "    warm = min(p - stage - 1, m)\n"
+MAIN_LOOP = "    for kind, j in order:\n        if kind == \"F\":\n            if first:\n"
+GRAD_SEND = "                isend(x.grad.contiguous(), s - 1, tag_gradient(j))\n"
+SCALED = "                scaled = loss_fn(out, t_mbs[j]) * (t_mbs[j].shape[0] / n)\n"
+
+FLAWS = [
+    # ------------------------------------------------------------------ f and g
+    Flaw("tensor_parallel", "f_backward_identity", clause="f", case="tp-f-g",
+         why="f's backward returns the gradient unchanged (the all-reduce put in g's backward "
+             "instead, or forgotten): each rank keeps only its partial gradient of x.",
+         expect="CopyToParallel.apply(x): the gradient of x is off",
+         patch=((F_BACKWARD, "        return grad\n"),)),
+    Flaw("tensor_parallel", "f_in_place", clause="f-copy", case="tp-f-g",
+         why="f's backward all-reduces the incoming gradient in place: autograd's gradient "
+             "(here the caller's own tensor) is overwritten.",
+         expect="modified the incoming gradient in place",
+         patch=((F_BACKWARD, "        dist.all_reduce(grad)\n        return grad\n"),)),
+    Flaw("tensor_parallel", "g_backward_all_reduces", clause="g", case="tp-f-g",
+         why="g's backward all-reduces too (by symmetry with its forward): each gradient is N "
+             "times too large.",
+         expect="ReduceFromParallel.apply(x): the gradient of x is off",
+         patch=(("        return grad\n\n\nclass ColumnParallelLinear",
+                 "        grad = grad.clone()\n        dist.all_reduce(grad)\n"
+                 "        return grad\n\n\nclass ColumnParallelLinear"),)),
+    Flaw("tensor_parallel", "g_in_place", clause="g-new", case="tp-f-g",
+         why="g all-reduces its input in place and returns it: the caller's tensor is "
+             "overwritten with the sum.",
+         expect="modified x in place",
+         patch=((G_FORWARD, "        dist.all_reduce(x)\n        return x\n"),)),
+    # ------------------------------------------------------------------ the layers
+    Flaw("tensor_parallel", "column_strided_rows", clause="column-shard", case="tp-layers",
+         why="takes every N-th row from row r (rows r, r+N, r+2N, ...) instead of the "
+             "contiguous block [r*k, (r+1)*k): the heads and the hidden features no longer "
+             "line up with the row-parallel layer's columns.",
+         expect="ColumnParallelLinear.from_linear(Linear(in, out, bias=True)).weight",
+         patch=((COL_ROWS, "        rows = slice(rank, None, n)\n"),)),
+    Flaw("tensor_parallel", "row_bias_divided", clause="row-shard", case="tp-layers",
+         why="gives each rank bias / N (so that the N copies add up to one bias): the output "
+             "is right, but every rank's bias gets the full gradient and moves N times too "
+             "far at each step.",
+         expect="RowParallelLinear.from_linear(Linear(in, out, bias=True)).bias",
+         patch=((ROW_BIAS, "        bias = None if linear.bias is None else "
+                           "linear.bias.detach() / n\n"),)),
+    Flaw("tensor_parallel", "shard_not_copied", clause="copy", case="tp-layers",
+         why="keeps a slice of the layer's weight without .clone(): a view, so later changes "
+             "to the single-process layer show in the shard.",
+         expect="a copy: later changes to the layer must not show in the shard",
+         patch=(("        return cls(linear.weight.detach()[rows].clone(), bias)\n",
+                 "        return cls(linear.weight.detach()[rows], bias)\n"),)),
+    Flaw("tensor_parallel", "heads_not_checked", clause="not-divisible", case="tp-layers",
+         why="does not check that the heads divide by N: with 3 heads on 2 ranks q, k and v "
+             "still split (6 features), and each rank silently computes 3 // 2 = 1 head.",
+         expect="ParallelAttention.from_attention on a layer whose split width does not divide",
+         patch=(("        if attn.n_heads % n:\n            raise ValueError(f\"n_heads={attn.n_heads} "
+                 "is not divisible by {n} ranks\")\n", ""),)),
+    # ------------------------------------------------------------------ the blocks
+    Flaw("tensor_parallel", "bias_before_all_reduce", clause="bias-once", case="tp-mlp-values",
+         why="adds the row-parallel layer's bias before the all-reduce: the sum counts it N "
+             "times.",
+         expect="the output of the mlp block in float64 differs from one process",
+         patch=((ROW_FORWARD, "        return ReduceFromParallel.apply(F.linear(x, self.weight, "
+                              "self.bias))\n"),)),
+    Flaw("tensor_parallel", "mlp_without_f", clause="mlp-one-plus-one", case="tp-collectives",
+         why="the MLP has no f in front: the forward is right, but each rank's input gradient "
+             "is only its partial one (no all-reduce in the backward).",
+         expect="0 all-reduces in the backward of the mlp block",
+         patch=(("        return self.fc2(self.act(self.fc1(CopyToParallel.apply(x))))\n",
+                 "        return self.fc2(self.act(self.fc1(x)))\n"),)),
+    Flaw("tensor_parallel", "global_head_count", clause="heads-split", case="tp-attention-values",
+         why="keeps the global head count: each rank cuts its d/N features into H heads of "
+             "the wrong size.",
+         expect="the output of the attention block in float64 differs from one process",
+         patch=(("                   attn.n_heads // n, attn.causal)\n",
+                 "                   attn.n_heads, attn.causal)\n"),)),
+    Flaw("tensor_parallel", "f_per_projection", clause="attention-one-plus-one",
+         case="tp-collectives",
+         why="puts an f in front of each of q, k and v: the values are right, but the "
+             "backward all-reduces three gradients of x instead of one.",
+         expect="3 all-reduces in the backward of the attention block",
+         patch=((ATTN_FORWARD, "        q, k, v = (layer(CopyToParallel.apply(x)) for layer in "
+                               "(self.q, self.k, self.v))\n"
+                               "        return self.o(attention_heads(q, k, v, self.n_heads, "
+                               "self.causal))\n"),)),
+    Flaw("tensor_parallel", "row_in_float32", clause="float64", case="tp-mlp-values",
+         why="computes the row-parallel product in float32 (to save time) and adds the bias: "
+             "the float64 block comes out with float32's precision.",
+         expect="differs from one process",
+         patch=((ROW_FORWARD, "        y = ReduceFromParallel.apply(F.linear(x.float(), "
+                              "self.weight.float()))\n"
+                              "        return y if self.bias is None else y + self.bias\n"),)),
+    # ------------------------------------------------------------------ schedules
+    Flaw("schedules", "gpipe_interleaved", clause="gpipe", case="schedule-gpipe",
+         why="runs each micro-batch's backward right after its forward: no pipelining at all.",
+         expect="a backward before the last forward",
+         patch=((GPIPE, "    return [op for j in range(m) for op in ((\"F\", j), (\"B\", j))]\n"),)),
+    Flaw("schedules", "gpipe_tuple", clause="list", case="schedule-gpipe",
+         why="returns a tuple of the ops.",
+         expect="returned a tuple: expected a list",
+         patch=((GPIPE, "    return tuple([(\"F\", j) for j in range(m)] + [(\"B\", j) for j in "
+                        "reversed(range(m))])\n"),)),
+    Flaw("schedules", "warm_up_off_by_one", clause="1f1b", case="schedule-1f1b",
+         why="warms up with p - stage forwards instead of p - stage - 1.",
+         expect="at most p - stage",
+         patch=((WARM, "    warm = min(p - stage, m)\n"),)),
+    Flaw("schedules", "same_warm_up_everywhere", clause="in-flight", case="schedule-1f1b",
+         why="warms up every stage with p - 1 forwards (as stage 0 does): later stages hold "
+             "more micro-batches than they need.",
+         expect="micro-batches in flight",
+         patch=((WARM, "    warm = min(p - 1, m)\n"),)),
+    Flaw("schedules", "bool_accepted", clause="errors", case="schedule-errors",
+         why="checks the ranges by hand but not the types: True passes as 1, 2.0 as 2.",
+         expect="expected ValueError",
+         patch=(("    check_schedule_args(num_stages, num_microbatches, stage)\n    p, m = "
+                 "num_stages, num_microbatches\n",
+                 "    if num_stages < 1 or num_microbatches < 1 or not 0 <= stage < num_stages:\n"
+                 "        raise ValueError(\"invalid arguments\")\n"
+                 "    p, m = num_stages, num_microbatches\n"),)),
+    # ------------------------------------------------------------------ pipeline_step
+    Flaw("pipeline", "always_gpipe", clause="order", case="pp-order",
+         why="ignores the order it is given and always runs GPipe: right gradients, but 1F1B's "
+             "memory saving is gone.",
+         expect="its order was",
+         patch=((MAIN_LOOP, "    for kind, j in gpipe_order(p, m, s):\n        if kind == "
+                            "\"F\":\n            if first:\n"),)),
+    Flaw("pipeline", "gradient_to_wrong_peer", clause="neighbours", case="pp-messages",
+         why="the last stage sends its gradients to stage 0 (the first stage) instead of the "
+             "previous one.",
+         expect="stage s talks only to its neighbouring stages",
+         patch=((GRAD_SEND, "                isend(x.grad.contiguous(), 0 if last else s - 1, "
+                            "tag_gradient(j))\n"),)),
+    Flaw("pipeline", "extra_barrier", clause="messages", case="pp-messages",
+         why="ends the step with a barrier, to be safe.",
+         expect="a pipeline needs only point-to-point messages",
+         patch=(("    for work, _ in sends:\n        work.wait()\n",
+                 "    for work, _ in sends:\n        work.wait()\n    dist.barrier()\n"),)),
+    Flaw("pipeline", "loss_divided_by_m", clause="loss-scaling", case="pp-values",
+         why="scales each micro-batch's loss by 1/m: exact only when the micro-batches are "
+             "equal.",
+         expect="scaled by n_j / n",
+         patch=((SCALED, "                scaled = loss_fn(out, t_mbs[j]) / m\n"),)),
+    Flaw("pipeline", "grads_zeroed", clause="accumulate", case="pp-accumulate",
+         why="zeroes the stage's gradients at the start of every step.",
+         expect="Gradients accumulate",
+         patch=(("    m = check_order(order)\n",
+                 "    m = check_order(order)\n    stage_module.zero_grad()\n"),)),
+    Flaw("pipeline", "returns_tensor", clause="returns", case="pp-values",
+         why="returns the loss as a tensor.",
+         expect="as a Python float",
+         patch=(("    return total if last else None\n",
+                 "    return torch.tensor(total) if last else None\n"),)),
+    Flaw("pipeline", "blocking_sends", clause="no-deadlock", case="pp-values",
+         why="sends with blocking dist.send and posts a gradient's receive only when its "
+             "backward is due: in 1F1B's steady state two neighbours each wait for the other.",
+         expect=" hung", timeout=15,
+         patch=(("        sends.append((dist.isend(t, dst=dst, tag=tag), t))     # keep t alive "
+                 "until waited\n", "        dist.send(t, dst=dst, tag=tag)\n"),
+                ("                grads[j] = irecv(out.shape, out.dtype, s + 1, tag_gradient(j))\n",
+                 "                grads[j] = (out.shape, out.dtype)\n"),
+                ("                grad, work = grads.pop(j)\n",
+                 "                grad, work = irecv(*grads.pop(j), s + 1, tag_gradient(j))\n"))),
+]
+
