@@ -27,7 +27,7 @@ LONGEST_FIRST = [f"tests/test_{stem}::test_autograde" for stem in (
     "05_ddp_torchrun_fault_tolerance.py", "03_torch_distributed_collectives.py",
     "01_mpi_parallel_sgd.py", "04_resnet_cifar_data_parallel.py",
     "02_shared_memory_hogwild.py", "06_build_your_own_ddp.py", "09_bonus_fsdp.py",
-    "08_bonus_powersgd.py", "07_bonus_zero_sharding.py")] + [
+    "08_bonus_powersgd.py", "10_bonus_model_parallel.py", "07_bonus_zero_sharding.py")] + [
     "tests/test_parallel_grade.py::test_four_jobs", "tests/test_pipeline.py::test_autograde",
     "tests/test_grading_sandbox.py::test_notebook_cheats",
     "tests/test_checks.py::test_check_accepts_right_file[02_hogwild",

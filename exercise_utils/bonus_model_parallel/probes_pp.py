@@ -18,6 +18,7 @@ Used in 10_bonus_model_parallel.
 """
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from .. import pgwatch
 from ..rankworker import not_implemented
@@ -29,7 +30,11 @@ OTHER = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_objec
          "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",
          "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "all_to_all",
          "all_to_all_single", "all_reduce_coalesced", "barrier", "monitored_barrier",
-         "send_object_list", "recv_object_list", "batch_isend_irecv")
+         "send_object_list", "recv_object_list")
+# batch_isend_irecv is left as it is: it makes each of its ops with the isend / irecv the
+# P2POp holds (the recorded ones), and it tells a send from a receive by the identity
+# ``op.op is isend`` of torch.distributed.distributed_c10d's own name, which is why
+# _Recording replaces that name too.
 P_MAX, M_MAX = 4, 8
 BAD_ARGS = ((0, 1, 0), (1, 0, 0), (-1, 2, 0), (2, -3, 0), (2, 2, 2), (2, 2, -1), (3, 4, 5),
             (2.0, 2, 0), (2, 2.0, 0), (2, 2, 0.0), (True, 2, 0), (2, True, 0), ("2", 2, 0),
@@ -158,6 +163,9 @@ class _Recording:
         self.rebound = {k: v for k, v in vars(self.student).items() if id(v) in by_id}
         for n, f in wrapped.items():
             setattr(dist, n, f)
+        self.c10d = {n: getattr(c10d, n) for n in ("isend", "irecv")}
+        for n in self.c10d:
+            setattr(c10d, n, wrapped[n])
         for k, v in self.rebound.items():
             setattr(self.student, k, by_id[id(v)])
         return self
@@ -169,6 +177,8 @@ class _Recording:
     def __exit__(self, *exc):
         for n, f in self.originals.items():
             setattr(dist, n, f)
+        for n, f in self.c10d.items():
+            setattr(c10d, n, f)
         for k, v in self.rebound.items():
             setattr(self.student, k, v)
         return self._watch.__exit__(*exc)
