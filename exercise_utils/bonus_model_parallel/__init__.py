@@ -19,7 +19,11 @@ Modules:
 * ``bench``: the bubble of GPipe and 1F1B, their activation memory, and your tensor-parallel
   MLP and 1F1B pipeline against torch's ``ColwiseParallel`` / ``RowwiseParallel`` and
   ``Schedule1F1B``;
-* ``bench_parts``: the parts of ``bench`` that run inside its ranks.
+* ``bench_parts``: the parts of ``bench`` that run inside its ranks;
+* ``network``: the same model data-, tensor- and pipeline-parallel on two hosts of the core's
+  ``exercise_utils.cluster`` at 100 Mbit/s and 1 Gbit/s: bytes per step on the links and step
+  time;
+* ``network_ranks``: the part of ``network`` that runs inside its ranks.
 
 Used in 10_bonus_model_parallel.
 """
