@@ -119,24 +119,43 @@ PP_RUNS = tuple((f"{sched}-m{m}-{dtype}", dtype, sched, m, 8 if m <= 2 else 10)
                 for m in (1, 2, 3, 4))
 
 
-def pp_stack(dtype, salt, batch):
-    """``(layers, x, y)``: the whole model as a list of modules (Linear, Tanh, ..., Linear)
-    with salted weights, the input ``(batch, PP_WIDTHS[0])`` and the target
-    ``(batch, PP_WIDTHS[-1])``, all of ``dtype``, drawn from ``salt`` (rank 0's)."""
-    dt = getattr(torch, dtype)
-    gen = salted_generator(PP_SEED + batch, salt)
+def pp_owner(layer, p):
+    """The stage (of ``p``) that holds Linear layer ``layer`` of the stack."""
+    return layer // (PP_LAYERS // p)
+
+
+def pp_stack(dtype, salts, batch, stages=None):
+    """``(layers, x, y)``: the whole model as a list of modules (Linear, Tanh, ..., Linear),
+    the input ``(batch, PP_WIDTHS[0])`` and the target ``(batch, PP_WIDTHS[-1])``, all of
+    ``dtype``. ``salts[s]`` is stage s's number (``ctx.salt`` of rank s; 0 when unsalted) and
+    ``len(salts)`` the number of stages p: Linear layer i's weights derive from the salt of the
+    stage that holds it, the input from stage 0's, the target from the last stage's, so that at
+    grading a stage can build its own layers and data but no other stage's. ``stages``: build
+    only the layers (and data) of these stages (the others' Linear layers are None, and x / y
+    are None unless stage 0 / the last stage is among them); None: all."""
+    dt, p = getattr(torch, dtype), len(salts)
+    mine = set(range(p)) if stages is None else set(stages)
     layers = []
     for i, (a, b) in enumerate(zip(PP_WIDTHS, PP_WIDTHS[1:])):
-        lin = nn.Linear(a, b).to(dt)
-        with torch.no_grad():
-            lin.weight.copy_(torch.randn(b, a, generator=gen, dtype=torch.float64)
-                             / math.sqrt(a))
-            lin.bias.copy_(torch.randn(b, generator=gen, dtype=torch.float64) * 0.5)
+        owner = pp_owner(i, p)
+        lin = None
+        if owner in mine:
+            gen = salted_generator(PP_SEED + 100 * batch + i, salts[owner])
+            lin = nn.Linear(a, b).to(dt)
+            with torch.no_grad():
+                lin.weight.copy_(torch.randn(b, a, generator=gen, dtype=torch.float64)
+                                 / math.sqrt(a))
+                lin.bias.copy_(torch.randn(b, generator=gen, dtype=torch.float64) * 0.5)
         layers.append(lin)
         if i < PP_LAYERS - 1:
             layers.append(nn.Tanh())
-    x = torch.randn(batch, PP_WIDTHS[0], generator=gen, dtype=torch.float64).to(dt)
-    y = torch.randn(batch, PP_WIDTHS[-1], generator=gen, dtype=torch.float64).to(dt)
+    x = y = None
+    if 0 in mine:
+        gen = salted_generator(PP_SEED + 100 * batch + 50, salts[0])
+        x = torch.randn(batch, PP_WIDTHS[0], generator=gen, dtype=torch.float64).to(dt)
+    if p - 1 in mine:
+        gen = salted_generator(PP_SEED + 100 * batch + 60, salts[p - 1])
+        y = torch.randn(batch, PP_WIDTHS[-1], generator=gen, dtype=torch.float64).to(dt)
     return layers, x, y
 
 
@@ -144,16 +163,18 @@ def pp_stage(layers, p, s):
     """Stage ``s`` of ``p``: ``nn.Sequential`` of its ``PP_LAYERS // p`` Linear layers (each
     with the Tanh that follows it)."""
     per = PP_LAYERS // p
-    lins = [i for i, mod in enumerate(layers) if isinstance(mod, nn.Linear)]
+    lins = [i for i, mod in enumerate(layers) if mod is None or isinstance(mod, nn.Linear)]
     start = lins[s * per]
     end = lins[(s + 1) * per] if s + 1 < p else len(layers)
     return nn.Sequential(*layers[start:end])
 
 
-def pp_reference(dtype, salt, batch, p):
-    """One process, the whole batch: ``{"loss": float, "grads": [per stage: [arrays of its
+def pp_reference(dtype, salts, batch):
+    """One process, the whole batch, every stage's layers from its salt (``salts``, one per
+    stage: :func:`pp_stack`): ``{"loss": float, "grads": [per stage: [arrays of its
     parameters, in named_parameters order]]}`` for the mse loss (mean) of the stack."""
-    layers, x, y = pp_stack(dtype, salt, batch)
+    layers, x, y = pp_stack(dtype, salts, batch)
+    p = len(salts)
     model = nn.Sequential(*layers)
     loss = torch.nn.functional.mse_loss(model(x), y)
     loss.backward()

@@ -3,8 +3,10 @@
 * :func:`probe_schedules` runs in one process without communication (``backend="none"``): the
   student's ``gpipe_order`` / ``one_f_one_b_order`` for every ``p`` in 1..4, ``m`` in 1..8 and
   stage, and on invalid arguments; it returns what they returned (as plain lists) or raised.
-* :func:`probe_pipeline` runs inside every gloo rank (2 and 3 ranks). Rank 0's salt reaches the
-  others by one broadcast made before anything is recorded. For every run of
+* :func:`probe_pipeline` runs inside every gloo rank (2 and 3 ranks). Rank ``s`` builds only
+  its own stage's layers, from its own salt (``ctx.salt``: at grading a number only it and the
+  judge know; 0 otherwise), and stage 0 the input, the last stage the target, from theirs
+  (:func:`.nets.pp_stack`): no stage can rebuild another's weights or data. For every run of
   :data:`.nets.PP_RUNS` rank ``s`` builds stage ``s`` of the judge's stack (:func:`.nets.pp_stack`,
   :func:`.nets.pp_stage`), takes the judge's own order (:data:`.nets.ORDERS`: the student's
   order functions are checked by :func:`probe_schedules`, not here) and calls the student's
@@ -219,14 +221,12 @@ def _grads(stage):
 
 
 def probe_pipeline(student, ctx, runs=None):
-    """``{"salt0": rank 0's salt, "runs": {name: result}}``; a result holds, for each of the
+    """``{"runs": {name: result}}``; a result holds, for each of the
     two calls of ``pipeline_step``, ``{"loss", "grads", "calls"}``; a run whose code still
     raises NotImplementedError gives ``{"todo": function}``."""
     torch.set_num_threads(1)
-    salt = torch.tensor([getattr(ctx, "salt", 0) if ctx.rank == 0 else 0], dtype=torch.int64)
-    dist.broadcast(salt, src=0)
-    salt0 = int(salt.item())
     p, s = ctx.size, ctx.rank
+    salts = [getattr(ctx, "salt", 0) if r == s else None for r in range(p)]
     peers = {r for r in (s - 1, s + 1) if 0 <= r < p}
     results = {}
     with _Recording(student, peers) as rec:
@@ -234,7 +234,7 @@ def probe_pipeline(student, ctx, runs=None):
             if runs is not None and name not in runs:
                 continue
             ctx.case("pp-values")
-            layers, x, y = pp_stack(dtype, salt0, batch)
+            layers, x, y = pp_stack(dtype, salts, batch, stages=[s])
             stage = pp_stage(layers, p, s)
             logged = _Logged(stage)
             order = ORDERS[sched](p, m, s)
@@ -259,4 +259,4 @@ def probe_pipeline(student, ctx, runs=None):
                 results[name] = not_implemented(student, exc)
                 continue
             results[name] = {"steps": calls}
-    return {"salt0": salt0, "runs": results}
+    return {"runs": results}
