@@ -63,7 +63,7 @@ def _launch(path, size):
                     f"not implemented yet: {result['todo']} in {path} still raises "
                     "NotImplementedError. Replace the `raise` line with your code, then run "
                     "the %%writefile cell again.")
-    return res, salt0
+    return res, [salts.get(r, 0) for r in range(size)]
 
 
 def _describe(name):
@@ -79,11 +79,11 @@ def _f_g_inputs(rank, salt):
     return x.numpy(), torch.randn(3, 4, generator=gen, dtype=torch.float64).numpy()
 
 
-def _check_f_g(size, res, salt0):
+def _check_f_g(size, res, salts):
     """f and g alone: f is the identity forward and sums the gradients backward; g sums
     forward and is the identity backward; neither modifies its input or the incoming
     gradient."""
-    inputs = [_f_g_inputs(r, salt0) for r in range(size)]
+    inputs = [_f_g_inputs(r, salts[r]) for r in range(size)]
     x_sum = sum(x for x, _ in inputs)
     up_sum = sum(u for _, u in inputs)
     for rank, out in enumerate(res):
@@ -196,12 +196,12 @@ def _compare(case, size, rank, name, what, got, want, scale, tol, hint=""):
                    f"{scale:.2e}, the largest reference magnitude){hint}")
 
 
-def _check_values(size, res, salt0, kinds):
+def _check_values(size, res, salts, kinds):
     for name, kind, dtype, causal in BLOCKS:
         if kind not in kinds:
             continue
         case = "tp-mlp-values" if kind == "mlp" else "tp-attention-values"
-        ref = reference(kind, dtype, causal, salt0)
+        ref = reference(kind, dtype, causal, salts, salts[0])
         tol = TOL[dtype]
         out_scale = float(np.max(np.abs(ref["out"])))
         grad_scale = max([float(np.max(np.abs(g))) for g in ref["grads"].values()]
@@ -241,10 +241,10 @@ def check_tensor_parallel(path):
         raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it "
                            "first.")
     for size in WORLD_SIZES:
-        res, salt0 = _launch(path, size)
-        _check_f_g(size, res, salt0)
+        res, salts = _launch(path, size)
+        _check_f_g(size, res, salts)
         _check_layers(size, res)
         _check_collectives(size, res)
-        _check_values(size, res, salt0, ("mlp",))
-        _check_values(size, res, salt0, ("attention",))
+        _check_values(size, res, salts, ("mlp",))
+        _check_values(size, res, salts, ("attention",))
     return True

@@ -65,28 +65,50 @@ class RefAttention(nn.Module):
         return self.o(y)
 
 
-def build(kind, dtype, causal, salt):
-    """``(block, x, upstream)``: the reference block with salted weights (biases included, none
-    zero), the input ``x`` (``(BATCH, SEQ, D_MODEL)``, requires grad) and the upstream gradient
-    the backward pass starts from (the loss is ``(block(x) * upstream).sum()``), all of
-    ``dtype`` and drawn from ``salt`` (rank 0's ``ctx.salt``; 0 when unsalted)."""
-    dt = getattr(torch, dtype)
-    gen = salted_generator(SEED[kind] + (7 if causal else 0), salt)
+def _draw(gen, shape, fan_in):
+    return torch.randn(shape, generator=gen, dtype=torch.float64) / math.sqrt(fan_in)
+
+
+def build(kind, dtype, causal, salts, public):
+    """``(block, x, upstream)``: the reference block (biases included, none zero), the input
+    ``x`` (``(BATCH, SEQ, D_MODEL)``, requires grad) and the upstream gradient the backward pass
+    starts from (the loss is ``(block(x) * upstream).sum()``), all of ``dtype``.
+
+    Each parameter a rank holds a part of (``PARAMS``: "rows" or "cols" of ``len(salts)``
+    ranks) is drawn part by part, part q from ``salts[q]``; the whole row-parallel bias, ``x``
+    and ``upstream``, which every rank holds, from ``public`` (rank 0's number, which the
+    probe shares). The judge passes every rank's number (the true block); rank r passes its own
+    number for every part (``[ctx.salt] * N``): at grading only its own parts are the true
+    ones, the others a guess, so a rank that computes with another rank's part of the block
+    computes something else. Unsalted (every number 0) every rank builds the true block."""
+    dt, size = getattr(torch, dtype), len(salts)
+    seed = SEED[kind] + (7 if causal else 0)
     block = (RefMLP(D_MODEL, D_HIDDEN) if kind == "mlp"
              else RefAttention(D_MODEL, N_HEADS, causal)).to(dt)
+    held = dict(PARAMS[kind])
     with torch.no_grad():
-        for p in block.parameters():
+        for i, (name, p) in enumerate(block.named_parameters()):
             fan_in = p.shape[-1] if p.dim() == 2 else D_MODEL
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / math.sqrt(fan_in))
+            how = held.get(name, "full")
+            if how == "full":
+                p.copy_(_draw(salted_generator(seed + 10 * i, public), p.shape, fan_in))
+                continue
+            dim = 0 if how == "rows" else 1
+            k = p.shape[dim] // size
+            for q in range(size):
+                part = p.narrow(dim, q * k, k)
+                part.copy_(_draw(salted_generator(seed + 10 * i + 1000 * (q + 1), salts[q]),
+                                 part.shape, fan_in))
+    gen = salted_generator(seed, public)
     x = torch.randn(BATCH, SEQ, D_MODEL, generator=gen, dtype=torch.float64).to(dt)
     upstream = torch.randn(BATCH, SEQ, D_MODEL, generator=gen, dtype=torch.float64).to(dt)
     return block, x.requires_grad_(True), upstream
 
 
-def reference(kind, dtype, causal, salt):
-    """The judge's one-process values: ``{"out", "x_grad", "grads": {name: full gradient}}``
-    as float64 numpy arrays."""
-    block, x, upstream = build(kind, dtype, causal, salt)
+def reference(kind, dtype, causal, salts, public):
+    """The judge's one-process values (every rank's number: the true block, :func:`build`):
+    ``{"out", "x_grad", "grads": {name: full gradient}}`` as float64 numpy arrays."""
+    block, x, upstream = build(kind, dtype, causal, salts, public)
     out = block(x)
     (out * upstream).sum().backward()
     params = dict(block.named_parameters())

@@ -30,8 +30,8 @@ def _attr(module, dotted):
     return module
 
 
-def _run_block(student, rec, kind, dtype, causal, salt):
-    block, x, upstream = build(kind, dtype, causal, salt)
+def _run_block(student, rec, kind, dtype, causal, salts, public):
+    block, x, upstream = build(kind, dtype, causal, salts, public)
     if kind == "mlp":
         par = student.ParallelMLP.from_mlp(block)
     else:
@@ -55,7 +55,8 @@ def _run_block(student, rec, kind, dtype, causal, salt):
 
 def _f_and_g(student, rank, size, salt):
     """f and g alone, float64: each rank's input and upstream gradient differ (drawn from the
-    rank's number), so sums over the ranks show."""
+    rank's own number: at grading no rank can rebuild another's), so sums over the ranks
+    show."""
     from ..rankworker import salted_generator
     out = {}
     for name in ("CopyToParallel", "ReduceFromParallel"):
@@ -124,6 +125,8 @@ def probe(student, ctx, blocks=None):
     salt = torch.tensor([getattr(ctx, "salt", 0) if ctx.rank == 0 else 0], dtype=torch.int64)
     dist.broadcast(salt, src=0)
     salt0 = int(salt.item())
+    own = getattr(ctx, "salt", 0)
+    mine = [own] * ctx.size           # this rank's number for every part: only its own is true
     rec = Recorder()
     rec.install(student)
     results = {}
@@ -133,12 +136,12 @@ def probe(student, ctx, blocks=None):
                 continue
             ctx.case("tp-mlp-values" if kind == "mlp" else "tp-attention-values")
             try:
-                results[name] = _run_block(student, rec, kind, dtype, causal, salt0)
+                results[name] = _run_block(student, rec, kind, dtype, causal, mine, salt0)
             except NotImplementedError as exc:
                 results[name] = not_implemented(student, exc)
         ctx.case("tp-f-g")
         try:
-            results["f-g"] = _f_and_g(student, ctx.rank, ctx.size, salt0)
+            results["f-g"] = _f_and_g(student, ctx.rank, ctx.size, own)
         except NotImplementedError as exc:
             results["f-g"] = not_implemented(student, exc)
         rec.take()
