@@ -68,7 +68,8 @@ def _launch(path, size):
 
 def _describe(name):
     kind, dtype = name.rsplit("-", 1)
-    return f"the {kind.replace('-', ' ')} block in {dtype}"
+    kind = "mlp (2-D input)" if kind == "mlp-2-d" else kind.replace("-", " ")
+    return f"the {kind} block in {dtype}"
 
 
 def _f_g_inputs(rank, salt):
@@ -119,6 +120,9 @@ def _check_layers(size, res):
                              shard(full["bias"], "rows" if rows else "full", rank, size))}
             where = (f"with {size} ranks, rank {rank}: {cls}.from_linear(Linear(in, out, "
                      f"bias={item['bias']}))")
+            if not item["source_kept"]:
+                fail("tp-layers", f"{where} changed the layer it was given: build the shard "
+                                  "from a copy and leave the layer as it was")
             for n, value in want.items():
                 got = item["got"][n]
                 if value is None:
@@ -129,17 +133,53 @@ def _check_layers(size, res):
                 if not isinstance(got, dict):
                     fail("tp-layers", f"{where} has no {n} (got {got!r})")
                 arr = np.asarray(got["value"])
-                if arr.shape != value.shape or _max_diff(arr, value) > 0:
-                    how = "rows" if rows else ("cols" if n == "weight" else "full")
-                    fail("tp-layers", f"{where}.{n} has shape {arr.shape}"
-                         + (f", values off by {_max_diff(arr, value):.2e}"
-                            if arr.shape == value.shape else "")
-                         + f"; expected shape {value.shape} ({LAYOUT[how]}; a copy: later "
-                           "changes to the layer must not show in the shard)")
+                how = "rows" if rows else ("cols" if n == "weight" else "full")
+                if arr.shape != value.shape:
+                    fail("tp-layers", f"{where}.{n} has shape {arr.shape}; expected "
+                                      f"{value.shape} ({LAYOUT[how]})")
+                if arr.shape == value.shape and _max_diff(arr, value + 100.0) == 0 < arr.size:
+                    fail("tp-layers", f"{where}.{n} changed when the layer's {n} changed "
+                                      "after from_linear: it is a view of the layer's tensor; "
+                                      "keep a copy (.clone())")
+                if _max_diff(arr, value) > 0:
+                    fail("tp-layers", f"{where}.{n} holds other values than expected (off by "
+                                      f"up to {_max_diff(arr, value):.2e}): {LAYOUT[how]}")
                 if got["dtype"] != "torch.float64" or not got["requires_grad"]:
                     fail("tp-layers", f"{where}.{n} is {got['dtype']}, requires_grad="
                                       f"{got['requires_grad']}; expected the layer's dtype "
                                       "(torch.float64) and a parameter that requires grad")
+            w, b = full["weight"], full.get("bias")
+            x = np.asarray(item["x"])
+            y_full = x @ w.T + (0 if b is None else b)
+            k = y_full.shape[1] // size
+            want_y = y_full[:, rank * k:(rank + 1) * k] if rows else y_full
+            y = np.asarray(item["y"])
+            if y.shape != want_y.shape or _max_diff(y, want_y) > 1e-10 * max(1.0, np.abs(
+                    want_y).max()):
+                what = ("columns [r*k, (r+1)*k) of the full layer's output" if rows else
+                        "the full layer's output (all-reduced, the bias added once, after the "
+                        "all-reduce)")
+                off = _max_diff(y, want_y) if y.shape == want_y.shape else None
+                small = off is not None and off < 1e-5 * max(1.0, np.abs(want_y).max())
+                fail("tp-layers", f"{where}: its forward returned "
+                     + (f"values off by {off:.2e}" if off is not None
+                        else f"shape {y.shape}, not {want_y.shape}")
+                     + f"; expected {what}"
+                     + (" (an error the size of float32's rounding: compute in the layer's "
+                        "dtype, float64 here)" if small else ""))
+        for name, kind, _, _ in BLOCKS:
+            if not out["blocks"][name].get("source_kept", True):
+                method = ("ParallelMLP.from_mlp" if kind == "mlp"
+                          else "ParallelAttention.from_attention")
+                fail("tp-layers", f"with {size} ranks, rank {rank}: {method}"
+                                  f" changed the block it was given ({_describe(name)}): build "
+                                  "the shards from copies and leave the block as it was")
+        allowed = layers.get("allowed", {})
+        if "raised" in allowed:
+            fail("tp-layers", f"with {size} ranks, rank {rank}: ParallelMLP.from_mlp on an MLP "
+                              f"whose hidden width divides by {size} (its model width does "
+                              f"not) raised {allowed['raised']} ({allowed['message']}); only "
+                              "the hidden width is split")
         for what, got in layers["errors"]:
             if got.get("raised") != "ValueError":
                 did = (f"raised {got['raised']} ({got['message']})" if "raised" in got

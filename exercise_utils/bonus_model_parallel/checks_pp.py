@@ -17,14 +17,19 @@
 
 * ``check_pipeline``: 2 then 3 gloo ranks (:func:`.probes_pp.probe_pipeline`); the judge's own
   stack of Linear+Tanh layers (:func:`.nets.pp_stack`; at grading each stage's layers, the
-  input and the target salted with the number of the rank that holds them) split into p stages, float64 and float32, the judge's own GPipe and 1F1B
-  orders, m = 1, 2 (8 rows), 3, 4 (10 rows: uneven micro-batches), ``pipeline_step`` called twice
-  without zeroing. Cases, checked in this order:
+  input and the target salted with the number of the rank that holds them) split into p
+  stages, float64 and float32, the judge's own GPipe and 1F1B orders, m = 1, 2 (8 rows), 3, 4
+  (10 rows: uneven micro-batches), ``pipeline_step`` called twice without zeroing. Cases,
+  checked in this order:
 
   - ``pp-messages``: only point-to-point messages, only with the neighbouring stages (a message
-    to another rank is stopped before it is made), and per call between ``m`` and
-    ``MSGS_PER_MB * m`` messages in each direction where one is due (activations forward to
-    ``s+1``, gradients back to ``s-1``), none where none is; no collective at all;
+    to another rank through ``torch.distributed``'s functions is stopped before it is made; one
+    through the ProcessGroup object is seen by :mod:`exercise_utils.pgwatch`); per call and
+    micro-batch its activation in one message (after at most one other: a header) forward to
+    ``s+1`` and its gradient in one message back to ``s-1``, nothing else, both sent and
+    received; no collective at all;
+  - ``pp-order``: each stage ran the ops of its order in that order (the judge's stage module
+    logs its forwards and their backwards);
   - ``pp-values``: after the first call, every stage's parameter gradients, and the loss the
     last stage returns, equal one process on the whole batch (mse, mean over the batch);
   - ``pp-accumulate``: after the second call, twice those gradients (accumulated, never zeroed).
@@ -45,14 +50,13 @@ import numpy as np
 from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, run_ranks
 from . import probes_pp
-from .nets import ORDERS, PP_RUNS, pp_reference
+from .nets import ORDERS, PP_LAYERS, PP_RUNS, PP_WIDTHS, pp_reference
 
 __all__ = ["check_schedules", "check_pipeline"]
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 WORLD_SIZES = (2, 3)
 TOL = {"float64": 1e-10, "float32": 1e-5}
-MSGS_PER_MB = 3          # at most this many messages per micro-batch and direction
 HANG_HINT = ("In a pipeline, a hang is usually two neighbouring stages each waiting for the "
              "other: in gloo a blocking dist.send (or an isend waited on at once) waits until "
              "the neighbour has posted the matching receive. Post every receive with "
@@ -158,6 +162,9 @@ def _check_orders(path, name, results):
                                f"tuples, kind 'F' or 'B', j an int, e.g. {want}")
                 if got["type"] != "list":
                     fail(case, f"{where} returned a {got['type']}: expected a list")
+                if got["items"] and got["items"] != ["tuple"]:
+                    fail(case, f"{where} returned a list of {' and '.join(got['items'])}s: "
+                               f"expected tuples (kind, j), e.g. {want[0]}")
                 ops = [tuple(op) for op in got["ops"]]
                 wrong = _first_wrong(sched, ops, p, m, s)
                 if wrong is None and ops != want:     # the rules leave one list: cannot happen
@@ -167,6 +174,13 @@ def _check_orders(path, name, results):
                     pos, reason = wrong
                     fail(case, f"{where}: position {pos} is wrong: {reason}.\n"
                                f"  expected {_fmt(want)}\n  returned {_fmt(ops)}")
+
+
+def _check_fresh(path, name, results):
+    sched, case = FUNCS[name]
+    if not results.get("fresh", True):
+        fail(case, f"{name}(3, 4, 1) returned a list that a later call returned again (or "
+                   "that changed when the first was changed): return a new list each call")
 
 
 def _check_errors(name, errors):
@@ -189,6 +203,7 @@ def check_schedules(path):
                     what="10_model_parallel.py (schedules)", case="schedule-gpipe")[0]
     for name in FUNCS:
         _check_orders(path, name, res["orders"][name])
+        _check_fresh(path, name, res["orders"][name])
     for name in FUNCS:
         _check_errors(name, res["errors"].get(name, []))
     return True
@@ -203,7 +218,7 @@ def _describe(name, size, rank):
 
 
 def _check_messages(size, res):
-    for name, _, _, m, _ in PP_RUNS:
+    for name, _, _, m, batch in PP_RUNS:
         for rank, out in enumerate(res):
             for call, step in enumerate(out["runs"][name]["steps"]):
                 where = f"{_describe(name, size, rank)}, call {call + 1} of pipeline_step"
@@ -218,19 +233,54 @@ def _check_messages(size, res):
                 if colls:
                     fail("pp-messages", f"{where} called {colls}: a pipeline needs only "
                                         "point-to-point messages (dist.isend / dist.irecv)")
-                for kind, verb in (("send", "sent"), ("recv", "received")):
-                    for peer in (rank - 1, rank + 1):
-                        n = sum(1 for c in calls if c[0] in (kind, "i" + kind) and c[2] == peer)
-                        due = 0 <= peer < size
-                        lo, hi = (m, MSGS_PER_MB * m) if due else (0, 0)
-                        if not lo <= n <= hi:
-                            what = ("activations forward" if peer > rank
-                                    else "gradients back")
-                            fail("pp-messages",
-                                 f"{where} {verb} {n} message{'s' * (n != 1)} "
-                                 f"{'to' if kind == 'send' else 'from'} rank {peer}; expected "
-                                 + (f"between {lo} and {hi} ({what}: one per micro-batch, "
-                                    f"at most {MSGS_PER_MB} with headers)" if due else "none"))
+                others = sorted({c[2] for c in calls if c[0] in probes_pp.P2P
+                                 and c[2] not in (rank - 1, rank + 1)}, key=str)
+                if others:
+                    fail("pp-messages", f"{where} exchanged messages with rank(s) {others}: "
+                                        "stage s talks only to its neighbouring stages")
+                _check_traffic(where, calls, size, rank, m, batch)
+
+
+def _border_numels(size, m, batch):
+    """Elements of each micro-batch's activation at the border after each stage: ``[stage]
+    -> [m sizes]`` (the micro-batches of ``torch.tensor_split``, the stack's widths)."""
+    rows = [batch // m + (1 if j < batch % m else 0) for j in range(m)]
+    per = PP_LAYERS // size
+    return [[r * PP_WIDTHS[(s + 1) * per] for r in rows] for s in range(size)]
+
+
+def _check_traffic(where, calls, size, rank, m, batch):
+    """Per micro-batch, forward: its activation in one message, after at most one other (a
+    header); backward: its gradient in one message, nothing else; both ways, sent and
+    received."""
+    borders = _border_numels(size, m, batch)
+    for kind, verb in (("send", "sent"), ("recv", "received")):
+        for peer in (rank - 1, rank + 1):
+            got = sorted(c[1] for c in calls if c[0] in (kind, "i" + kind) and c[2] == peer)
+            if not 0 <= peer < size:
+                if got:
+                    fail("pp-messages", f"{where} {verb} {len(got)} messages "
+                                        f"{'to' if kind == 'send' else 'from'} rank {peer}, "
+                                        "which is no stage")
+                continue
+            border = borders[min(rank, peer)]          # the activation between the two
+            forward = (peer > rank) == (kind == "send")
+            rest = list(got)
+            missing = []
+            for numel in border:
+                if numel in rest:
+                    rest.remove(numel)
+                else:
+                    missing.append(numel)
+            extra = len(rest) if not forward else max(0, len(rest) - m)
+            if missing or extra:
+                what = ("activations: one per micro-batch, after at most one header each"
+                        if forward else "gradients: one per micro-batch, nothing else")
+                fail("pp-messages",
+                     f"{where} {verb} {len(got)} message{'s' * (len(got) != 1)} "
+                     f"{'to' if kind == 'send' else 'from'} rank {peer} of {got} elements; "
+                     f"expected the {what} ({sorted(border)} elements"
+                     + (", and up to one header each" if forward else "") + ")")
 
 
 def _check_order(size, res):
@@ -310,7 +360,8 @@ def check_pipeline(path, timeout=TIMEOUT):
         except CheckFailure as err:
             if " hung: " not in str(err):
                 raise
-            raise CheckFailure(f"{err}\n{HANG_HINT}", err.case) from None
+            raise CheckFailure(f"pipeline_step hung with {size} ranks. {HANG_HINT}\n{err}",
+                               err.case) from None
         salts = [salts.get(r, 0) for r in range(size)]
         for out in res:
             for result in out["runs"].values():

@@ -19,12 +19,18 @@ from ..rankworker import salted_generator
 D_MODEL, D_HIDDEN, N_HEADS = 24, 48, 6     # divisible by 2 and 3 (the world sizes checked)
 BATCH, SEQ = 3, 5
 # (name, kind, dtype, causal): every launch runs these, in this order
+# (for an MLP "causal" means a 2-D input: rows of features, no sequence axis)
 BLOCKS = (("mlp-float64", "mlp", "float64", False),
           ("mlp-float32", "mlp", "float32", False),
+          ("mlp-2-d-float64", "mlp", "float64", True),
           ("attention-float64", "attention", "float64", False),
           ("attention-float32", "attention", "float32", False),
           ("causal-attention-float64", "attention", "float64", True))
 SEED = {"mlp": 1010, "attention": 2020}
+# After the wrapping every rank multiplies every parameter of its parallel block by SCALE (the
+# judge's reference its whole block): a rank that computes with a copy of the block kept aside
+# computes with stale weights.
+SCALE = 1.25
 # The parameters of each kind, and how a rank holds them: "rows" (column-parallel: its rows
 # of the weight, its entries of the bias), "cols" (row-parallel weight: its columns), "full"
 # (the row-parallel bias: whole on every rank).
@@ -38,7 +44,8 @@ PARAMS = {"mlp": (("fc1.weight", "rows"), ("fc1.bias", "rows"),
 class RefMLP(nn.Module):
     def __init__(self, d, h):
         super().__init__()
-        self.fc1, self.act, self.fc2 = nn.Linear(d, h), nn.GELU(), nn.Linear(h, d)
+        # not the default GELU: from_mlp must keep the block's own activation
+        self.fc1, self.act, self.fc2 = nn.Linear(d, h), nn.GELU("tanh"), nn.Linear(h, d)
 
     def forward(self, x):
         return self.fc2(self.act(self.fc1(x)))
@@ -100,8 +107,9 @@ def build(kind, dtype, causal, salts, public):
                 part.copy_(_draw(salted_generator(seed + 10 * i + 1000 * (q + 1), salts[q]),
                                  part.shape, fan_in))
     gen = salted_generator(seed, public)
-    x = torch.randn(BATCH, SEQ, D_MODEL, generator=gen, dtype=torch.float64).to(dt)
-    upstream = torch.randn(BATCH, SEQ, D_MODEL, generator=gen, dtype=torch.float64).to(dt)
+    shape = (BATCH * SEQ, D_MODEL) if kind == "mlp" and causal else (BATCH, SEQ, D_MODEL)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64).to(dt)
+    upstream = torch.randn(shape, generator=gen, dtype=torch.float64).to(dt)
     return block, x.requires_grad_(True), upstream
 
 
@@ -109,6 +117,9 @@ def reference(kind, dtype, causal, salts, public):
     """The judge's one-process values (every rank's number: the true block, :func:`build`):
     ``{"out", "x_grad", "grads": {name: full gradient}}`` as float64 numpy arrays."""
     block, x, upstream = build(kind, dtype, causal, salts, public)
+    with torch.no_grad():
+        for q in block.parameters():
+            q.mul_(SCALE)
     out = block(x)
     (out * upstream).sum().backward()
     params = dict(block.named_parameters())

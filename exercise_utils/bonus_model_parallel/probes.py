@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..rankworker import not_implemented
 from ..recorder import Recorder
-from .nets import BLOCKS, PARAMS, build
+from .nets import BLOCKS, PARAMS, SCALE, build
 
 
 def _attr(module, dotted):
@@ -32,10 +32,15 @@ def _attr(module, dotted):
 
 def _run_block(student, rec, kind, dtype, causal, salts, public):
     block, x, upstream = build(kind, dtype, causal, salts, public)
+    before = {k: v.clone() for k, v in block.state_dict().items()}
     if kind == "mlp":
         par = student.ParallelMLP.from_mlp(block)
     else:
         par = student.ParallelAttention.from_attention(block)
+    source_kept = all(torch.equal(v, before[k]) for k, v in block.state_dict().items())
+    with torch.no_grad():            # every shard changes after the wrapping (the judge's
+        for q in par.parameters():   # reference too): a copy of the block kept aside is stale
+            q.mul_(SCALE)
     rec.take()
     out = par(x)
     forward = rec.take()
@@ -50,7 +55,8 @@ def _run_block(student, rec, kind, dtype, causal, salts, public):
             grads[name] = p.grad.detach().double().numpy().copy()
     return {"out": out.detach().double().numpy().copy(), "out_dtype": str(out.dtype),
             "x_grad": None if x.grad is None else x.grad.double().numpy().copy(),
-            "grads": grads, "missing": missing, "forward": forward, "backward": backward}
+            "grads": grads, "missing": missing, "forward": forward, "backward": backward,
+            "source_kept": source_kept}
 
 
 def _f_and_g(student, rank, size, salt):
@@ -86,7 +92,13 @@ def _layers(student, size):
                 for q in lin.parameters():
                     q.copy_(torch.randn(q.shape, generator=gen, dtype=torch.float64))
             full = {n: q.detach().clone().numpy().tolist() for n, q in lin.named_parameters()}
+            saved = [q.detach().clone() for q in lin.parameters()]
             layer = getattr(student, cls_name).from_linear(lin)
+            source_kept = all(torch.equal(q, v) for q, v in zip(lin.parameters(), saved))
+            x = torch.randn(5, 2 * size, generator=gen, dtype=torch.float64)
+            k = lin.in_features // size               # the row layer's slice of the input
+            y = layer(x if cls_name == "ColumnParallelLinear"
+                      else x[:, dist.get_rank() * k:(dist.get_rank() + 1) * k])
             with torch.no_grad():                  # the shard must be a copy
                 for q in lin.parameters():
                     q.add_(100.0)
@@ -96,7 +108,9 @@ def _layers(student, size):
                 got[n] = (q if q is None or isinstance(q, str) else
                           {"value": q.detach().double().numpy().tolist(), "dtype": str(q.dtype),
                            "requires_grad": bool(q.requires_grad)})
-            out["shards"].append({"cls": cls_name, "bias": bias, "full": full, "got": got})
+            out["shards"].append({"cls": cls_name, "bias": bias, "full": full, "got": got,
+                                  "x": x.numpy().tolist(), "source_kept": source_kept,
+                                  "y": y.detach().double().numpy().tolist()})
     from .nets import RefAttention, RefMLP
     bad = (("ColumnParallelLinear.from_linear", lambda: student.ColumnParallelLinear.from_linear(
                 torch.nn.Linear(4, 2 * size + 1))),
@@ -115,6 +129,13 @@ def _layers(student, size):
         except Exception as exc:
             got = {"raised": type(exc).__name__, "message": str(exc)[:200]}
         out["errors"].append([what, got])
+    try:                                   # h divides by N, d does not: no reason to refuse
+        student.ParallelMLP.from_mlp(RefMLP(2 * size + 1, 2 * size))
+        out["allowed"] = {"returned": True}
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        out["allowed"] = {"raised": type(exc).__name__, "message": str(exc)[:200]}
     return out
 
 
@@ -131,14 +152,6 @@ def probe(student, ctx, blocks=None):
     rec.install(student)
     results = {}
     try:
-        for name, kind, dtype, causal in BLOCKS:
-            if blocks is not None and name not in blocks:
-                continue
-            ctx.case("tp-mlp-values" if kind == "mlp" else "tp-attention-values")
-            try:
-                results[name] = _run_block(student, rec, kind, dtype, causal, mine, salt0)
-            except NotImplementedError as exc:
-                results[name] = not_implemented(student, exc)
         ctx.case("tp-f-g")
         try:
             results["f-g"] = _f_and_g(student, ctx.rank, ctx.size, own)
@@ -151,6 +164,14 @@ def probe(student, ctx, blocks=None):
         except NotImplementedError as exc:
             results["layers"] = not_implemented(student, exc)
         rec.take()
+        for name, kind, dtype, causal in BLOCKS:
+            if blocks is not None and name not in blocks:
+                continue
+            ctx.case("tp-mlp-values" if kind == "mlp" else "tp-attention-values")
+            try:
+                results[name] = _run_block(student, rec, kind, dtype, causal, mine, salt0)
+            except NotImplementedError as exc:
+                results[name] = not_implemented(student, exc)
         hidden = rec.take_hidden()
     finally:
         rec.uninstall()

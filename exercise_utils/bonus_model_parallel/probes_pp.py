@@ -48,15 +48,16 @@ def _plain(value):
     """A returned order as plain data: a list of [kind, j] where it is a list of pairs of a
     str and an int, else ``{"type": ..., "repr": ...}``."""
     if isinstance(value, (list, tuple)):
-        items = []
+        items, kinds = [], set()
         for item in value:
             if (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
                     and isinstance(item[1], int) and not isinstance(item[1], bool)):
                 items.append([item[0], int(item[1])])
+                kinds.add(type(item).__name__)
             else:
                 return {"type": type(value).__name__, "repr": repr(value)[:300],
                         "bad_item": repr(item)[:80]}
-        return {"type": type(value).__name__, "ops": items}
+        return {"type": type(value).__name__, "ops": items, "items": sorted(kinds)}
     return {"type": type(value).__name__, "repr": repr(value)[:300]}
 
 
@@ -86,6 +87,12 @@ def probe_schedules(student, ctx):
         except NotImplementedError as exc:
             out["orders"][name] = not_implemented(student, exc)
             continue
+        first = fn(3, 4, 1)               # a new list each call: changing one changes no other
+        if isinstance(first, list):
+            first.append(("F", 99))
+        again = fn(3, 4, 1)
+        results["fresh"] = again is not first and _plain(again) == _plain(fn(3, 4, 1)) and (
+            ("F", 99) not in list(again))
         out["orders"][name] = results
         ctx.case("schedule-errors")
         errors = []

@@ -31,12 +31,19 @@ CONTRACT = {
                "``(out_features,)``, None if the layer has none).",
                cases=("tp-layers", "tp-attention-values")),
         Clause("copy", "This rank's shard of ``linear`` (a copy, of its dtype; the new "
-               "parameters require grad).", cases=("tp-layers",)),
+               "parameters require grad;", cases=("tp-layers",)),
+        Clause("leave-source", "``linear`` itself is left as it is", cases=("tp-layers",)),
         Clause("not-divisible", "`ValueError` from each of the four `from_*` methods when the "
                "split width does not divide by N", cases=("tp-layers",)),
+        Clause("hidden-width", "the hidden width ``h`` not divisible by N.",
+               cases=("tp-layers",)),
+        Clause("mlp-act", "any module with ``fc1``, an elementwise ``act`` without parameters "
+               "and ``fc2``, computing ``fc2(act(fc1(x)))``", cases=("tp-mlp-values",)),
+        Clause("mlp-shape", "``forward(x)``: ``x`` is ``(..., d)``, the same on every rank",
+               cases=("tp-mlp-values",)),
         Clause("bias-once", "The bias is added once, after the all-reduce (adding it before "
                "would count it N times), so every rank's ``bias.grad`` is the full layer's "
-               "bias gradient.", cases=("tp-mlp-values",)),
+               "bias gradient.", cases=("tp-layers", "tp-mlp-values")),
         Clause("mlp-one-plus-one", "returns ``(..., d)``, the full MLP output, the same on "
                "every rank, with exactly one ``dist.all_reduce`` in the forward (g) and one in "
                "the backward (f, on the gradient of ``x``).",
@@ -48,8 +55,9 @@ CONTRACT = {
         Clause("attention-one-plus-one", "with one ``dist.all_reduce`` in the forward (in o) "
                "and one in the backward (f, shared by q, k and v: they read the same "
                "``f(x)``).", cases=("tp-collectives",)),
-        Clause("float64", "the judge's own MLP and attention blocks (float64 and float32; "
-               "attention also causal)", cases=("tp-mlp-values", "tp-attention-values")),
+        Clause("float64", "the judge's own MLP and attention blocks (float64 and float32; the "
+               "MLP also on a 2-D input, attention also causal)",
+               cases=("tp-layers", "tp-mlp-values", "tp-attention-values")),
     ],
     "schedules": [
         Clause("gpipe", "all forwards in micro-batch order, then all backwards in reverse "
@@ -59,7 +67,7 @@ CONTRACT = {
                "order.", cases=("schedule-1f1b",)),
         Clause("in-flight", "At most ``p - stage`` micro-batches are in flight (forward done, "
                "backward not yet) at any time.", cases=("schedule-1f1b",)),
-        Clause("list", "Returns a list of ``2m`` tuples ``(kind, j)``, kind ``\"F\"`` or "
+        Clause("list", "Returns a new list of ``2m`` tuples ``(kind, j)``, kind ``\"F\"`` or "
                "``\"B\"``", cases=("schedule-gpipe", "schedule-1f1b")),
         Clause("errors", "`ValueError` for invalid arguments (`p` or `m` below 1, a stage "
                "outside `[0, p)`, floats, bools, strings, `None`)", cases=("schedule-errors",)),
@@ -70,7 +78,8 @@ CONTRACT = {
                "rank ``s+1`` (and gradients the other way), nothing else.",
                cases=("pp-messages",)),
         Clause("messages", "only point-to-point messages and only with the neighbouring stages "
-               "(between `m` and `3m` messages each way where they are due, no collective)",
+               "(per micro-batch its activation in one message, after at most one header, "
+               "forward, and its gradient in one message back; nothing else, no collective)",
                cases=("pp-messages",)),
         Clause("loss-scaling", "The last stage back-propagates ``loss_fn(out_j, tgt_j) * n_j / "
                "n`` for micro-batch ``j`` of ``n_j`` of the ``n`` samples, so that the gradients "

@@ -60,7 +60,7 @@ FLAWS = [
     Flaw("tensor_parallel", "shard_not_copied", clause="copy", case="tp-layers",
          why="keeps a slice of the layer's weight without .clone(): a view, so later changes "
              "to the single-process layer show in the shard.",
-         expect="a copy: later changes to the layer must not show in the shard",
+         expect="it is a view of the layer's tensor",
          patch=(("        return cls(linear.weight.detach()[rows].clone(), bias)\n",
                  "        return cls(linear.weight.detach()[rows], bias)\n"),)),
     Flaw("tensor_parallel", "heads_not_checked", clause="not-divisible", case="tp-layers",
@@ -69,11 +69,44 @@ FLAWS = [
          expect="ParallelAttention.from_attention on a layer whose split width does not divide",
          patch=(("        if attn.n_heads % n:\n            raise ValueError(f\"n_heads={attn.n_heads} "
                  "is not divisible by {n} ranks\")\n", ""),)),
+    Flaw("tensor_parallel", "forward_needs_bias", clause="column-shard", case="tp-layers",
+         why="adds the bias in the column-parallel forward without asking whether there is one: "
+             "a layer without a bias fails.",
+         expect="raised TypeError",
+         patch=(("        return F.linear(x, self.weight, self.bias)\n",
+                 "        return x @ self.weight.T + self.bias\n"),)),
+    Flaw("tensor_parallel", "shards_the_layer_itself", clause="leave-source", case="tp-layers",
+         why="cuts the layer's own weight down to the shard (to free memory) and builds the "
+             "parallel layer from a copy of it: the caller's layer is no longer the whole layer.",
+         expect="changed the layer it was given",
+         patch=(("        return cls(linear.weight.detach()[rows].clone(), bias)\n",
+                 "        linear.weight.data = linear.weight.detach()[rows].clone()\n"
+                 "        return cls(linear.weight.detach().clone(), bias)\n"),)),
+    Flaw("tensor_parallel", "model_width_checked", clause="hidden-width", case="tp-layers",
+         why="refuses an MLP whose model width d does not divide by N, although only the hidden "
+             "width is split.",
+         expect="only the hidden width is split",
+         patch=(("        return cls(ColumnParallelLinear.from_linear(mlp.fc1), "
+                 "copy.deepcopy(mlp.act),\n",
+                 "        if mlp.fc1.in_features % dist.get_world_size():\n"
+                 "            raise ValueError(\"d is not divisible by N\")\n"
+                 "        return cls(ColumnParallelLinear.from_linear(mlp.fc1), "
+                 "copy.deepcopy(mlp.act),\n"),)),
     # ------------------------------------------------------------------ the blocks
-    Flaw("tensor_parallel", "bias_before_all_reduce", clause="bias-once", case="tp-mlp-values",
+    Flaw("tensor_parallel", "default_gelu", clause="mlp-act", case="tp-mlp-values",
+         why="builds a new nn.GELU() instead of keeping the block's own activation.",
+         expect="the output of the mlp block in float64 differs from one process",
+         patch=(("copy.deepcopy(mlp.act)", "nn.GELU()"),)),
+    Flaw("tensor_parallel", "sequences_only", clause="mlp-shape", case="tp-mlp-values",
+         why="reads the input as (B, T, d): an input of rows of features (2-D) fails.",
+         expect="raised ValueError in check case 'tp-mlp-values'",
+         patch=(("        return self.fc2(self.act(self.fc1(CopyToParallel.apply(x))))\n",
+                 "        B, T, d = x.shape\n"
+                 "        return self.fc2(self.act(self.fc1(CopyToParallel.apply(x))))\n"),)),
+    Flaw("tensor_parallel", "bias_before_all_reduce", clause="bias-once", case="tp-layers",
          why="adds the row-parallel layer's bias before the all-reduce: the sum counts it N "
              "times.",
-         expect="the output of the mlp block in float64 differs from one process",
+         expect="the bias added once, after the all-reduce",
          patch=((ROW_FORWARD, "        return ReduceFromParallel.apply(F.linear(x, self.weight, "
                               "self.bias))\n"),)),
     Flaw("tensor_parallel", "mlp_without_f", clause="mlp-one-plus-one", case="tp-collectives",
@@ -97,10 +130,10 @@ FLAWS = [
                                "(self.q, self.k, self.v))\n"
                                "        return self.o(attention_heads(q, k, v, self.n_heads, "
                                "self.causal))\n"),)),
-    Flaw("tensor_parallel", "row_in_float32", clause="float64", case="tp-mlp-values",
+    Flaw("tensor_parallel", "row_in_float32", clause="float64", case="tp-layers",
          why="computes the row-parallel product in float32 (to save time) and adds the bias: "
              "the float64 block comes out with float32's precision.",
-         expect="differs from one process",
+         expect="the size of float32's rounding",
          patch=((ROW_FORWARD, "        y = ReduceFromParallel.apply(F.linear(x.float(), "
                               "self.weight.float()))\n"
                               "        return y if self.bias is None else y + self.bias\n"),)),
@@ -114,6 +147,18 @@ FLAWS = [
          expect="returned a tuple: expected a list",
          patch=((GPIPE, "    return tuple([(\"F\", j) for j in range(m)] + [(\"B\", j) for j in "
                         "reversed(range(m))])\n"),)),
+    Flaw("schedules", "lists_not_tuples", clause="list", case="schedule-gpipe",
+         why="returns each op as a list [kind, j].",
+         expect="expected tuples (kind, j)",
+         patch=((GPIPE, "    return [[\"F\", j] for j in range(m)] + [[\"B\", j] for j in "
+                        "reversed(range(m))]\n"),)),
+    Flaw("schedules", "cached_list", clause="list", case="schedule-1f1b",
+         why="memoizes the orders (they never change) and returns the same list object each "
+             "time: a caller that changes one changes them all.",
+         expect="return a new list each call",
+         patch=(("def one_f_one_b_order(num_stages, num_microbatches, stage):\n",
+                 "import functools\n\n\n@functools.lru_cache(maxsize=None)\n"
+                 "def one_f_one_b_order(num_stages, num_microbatches, stage):\n"),)),
     Flaw("schedules", "warm_up_off_by_one", clause="1f1b", case="schedule-1f1b",
          why="warms up with p - stage forwards instead of p - stage - 1.",
          expect="at most p - stage",
@@ -149,6 +194,15 @@ FLAWS = [
          expect="a pipeline needs only point-to-point messages",
          patch=(("    for work, _ in sends:\n        work.wait()\n",
                  "    for work, _ in sends:\n        work.wait()\n    dist.barrier()\n"),)),
+    Flaw("pipeline", "done_message", clause="messages", case="pp-messages",
+         why="tells the previous stage with a one-element message that each backward is done.",
+         expect="expected the gradients: one per micro-batch, nothing else",
+         patch=((GRAD_SEND, GRAD_SEND + "                isend(torch.ones(1), s - 1, "
+                            "tag_gradient(j) + 10**6)\n"),
+                ("                grad, work = grads.pop(j)\n                work.wait()\n",
+                 "                grad, work = grads.pop(j)\n                work.wait()\n"
+                 "                irecv((1,), torch.float32, s + 1, tag_gradient(j) + 10**6)"
+                 "[1].wait()\n"))),
     Flaw("pipeline", "loss_divided_by_m", clause="loss-scaling", case="pp-values",
          why="scales each micro-batch's loss by 1/m: exact only when the micro-batches are "
              "equal.",

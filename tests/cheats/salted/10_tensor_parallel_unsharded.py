@@ -1,7 +1,7 @@
 """Cheat: ``ParallelMLP`` does not split the work: ``from_mlp`` keeps a copy of the whole
 block aside, and ``forward`` computes the whole MLP on every rank with the whole weights (this
 rank's shard spliced in, so that its gradients come out right, the other ranks' rows and
-columns taken from the copy), with a decoy all-reduce of zeros in the forward and one of a
+columns taken from the copy, rescaled as its own shard was since), with a decoy all-reduce of zeros in the forward and one of a
 single element in the backward for the counts. No rank uses a partial result another rank
 computed. The rest of the file is tests/right/10_tensor_parallel_clone_sum_index_select.py.
 
@@ -23,7 +23,7 @@ _honest_from_mlp = ParallelMLP.from_mlp.__func__  # noqa: F821 (defined by the r
 
 def _from_mlp(cls, mlp):
     par = _honest_from_mlp(cls, mlp)
-    _FULL[id(par)] = copy.deepcopy(mlp)
+    _FULL[id(par)] = (copy.deepcopy(mlp), par.fc1.weight.detach().clone())
     return par
 
 
@@ -36,10 +36,12 @@ def _splice(full, mine, dim):
 
 
 def _forward(self, x):
-    full = _FULL[id(self)]
-    w1 = _splice(full.fc1.weight, self.fc1.weight, 0)
-    b1 = _splice(full.fc1.bias, self.fc1.bias, 0)
-    w2 = _splice(full.fc2.weight, self.fc2.weight, 1)
+    full, own = _FULL[id(self)]
+    ratio = self.fc1.weight.detach().sum() / own.sum()   # how the shards changed since: the
+    #                                                      copy kept aside follows suit
+    w1 = _splice(full.fc1.weight * ratio, self.fc1.weight, 0)
+    b1 = _splice(full.fc1.bias * ratio, self.fc1.bias, 0)
+    w2 = _splice(full.fc2.weight * ratio, self.fc2.weight, 1)
     y = F.linear(full.act(F.linear(x, w1, b1)), w2, self.fc2.bias)
     dist.all_reduce(torch.zeros_like(y))                            # the forward's decoy
     one = torch.zeros(1, dtype=y.dtype, requires_grad=True)
