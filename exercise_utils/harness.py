@@ -132,10 +132,15 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
                                              path), running[0] if running else case) from None
         except launch.LaunchTimeout:
             _raise_student_errors(_reports(tmp, world_size, keys), path, case)
-            seen = "\n  ".join(watch.summary(path))
+            lines = watch.summary(path)
+            why = ("an endless loop?" if not any("no progress for" in ln for ln in lines) else
+                   "an endless loop, or ranks waiting for each other while another kept "
+                   "computing (a rank below made no progress: it waits for a message or a "
+                   "collective that never comes)?")
+            seen = "\n  ".join(lines)
             raise CheckFailure(
                 f"{what} was still running after {limit} s with {world_size} {backend} "
-                f"processes and kept making progress, so all were stopped: an endless loop?"
+                f"processes and kept making progress, so all were stopped: {why}"
                 f"\n  {seen}", case) from None
         except launch.LaunchError as err:
             # Every rank reported, then the job ended badly (mpiexec cleaning up after the

@@ -30,6 +30,9 @@
     received; no collective at all;
   - ``pp-order``: each stage ran the ops of its order in that order (the judge's stage module
     logs its forwards and their backwards);
+  - ``pp-memory``: at no time more micro-batches' graphs alive on a stage than its order has in
+    flight (the judge's stage module saves its tensors for backward through
+    ``saved_tensors_hooks`` into holders that die with the graph);
   - ``pp-values``: after the first call, every stage's parameter gradients, and the loss the
     last stage returns, equal one process on the whole batch (mse, mean over the batch);
   - ``pp-accumulate``: after the second call, twice those gradients (accumulated, never zeroed).
@@ -300,6 +303,24 @@ def _check_order(size, res):
                          "backward, right then)")
 
 
+def _check_memory(size, res):
+    """At no time more micro-batches' graphs alive on a stage than its order has in flight: a
+    micro-batch's saved activations are freed by its backward."""
+    for name, _, sched, m, _ in PP_RUNS:
+        for rank, out in enumerate(res):
+            order = ORDERS[sched](size, m, rank)
+            in_flight = max(sum(1 if k == "F" else -1 for k, _ in order[:i + 1])
+                            for i in range(len(order)))
+            for call, step in enumerate(out["runs"][name]["steps"]):
+                if step.get("peak", 0) > in_flight:
+                    fail("pp-memory",
+                         f"{_describe(name, size, rank)}, call {call + 1} of pipeline_step: "
+                         f"the saved activations of {step['peak']} micro-batches were alive at "
+                         f"once; its order has at most {in_flight} in flight. A micro-batch's "
+                         "graph must be freed by its backward (no retain_graph, no graph kept "
+                         "for later): that is what 1F1B saves")
+
+
 def _diff(a, e):
     a, e = np.asarray(a, dtype=np.float64), np.asarray(e, dtype=np.float64)
     return float(np.max(np.abs(a - e))) if a.size else 0.0
@@ -369,6 +390,7 @@ def check_pipeline(path, timeout=TIMEOUT):
                     _todo(path, result["todo"])
         _check_messages(size, res)
         _check_order(size, res)
+        _check_memory(size, res)
         _check_values(size, res, salts, 0, "pp-values")
         _check_values(size, res, salts, 1, "pp-accumulate")
     return True

@@ -18,6 +18,8 @@
 
 Used in 10_bonus_model_parallel.
 """
+import weakref
+
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
@@ -208,18 +210,51 @@ class _Tap(torch.autograd.Function):
         return grad, None, None
 
 
+class _Saved:
+    """What autograd keeps of a tensor saved for the backward of micro-batch ``k`` (through
+    ``saved_tensors_hooks``): it lives exactly as long as that micro-batch's graph does."""
+
+    def __init__(self, tensor, k, alive):
+        self.tensor, self.k = tensor, k
+        alive.add(self)
+        weakref.finalize(self, alive.discard_k, k)
+
+
+class _Alive:
+    """How many saved tensors of each micro-batch are alive; the peak of micro-batches alive at
+    once, looked at after every forward (when one more graph has just been built)."""
+
+    def __init__(self):
+        self.count, self.peak = {}, 0
+
+    def add(self, saved):
+        self.count[saved.k] = self.count.get(saved.k, 0) + 1
+
+    def discard_k(self, k):
+        self.count[k] -= 1
+
+    def look(self):
+        self.peak = max(self.peak, sum(1 for n in self.count.values() if n > 0))
+
+
 class _Logged(torch.nn.Module):
     """The judge's stage, logging ``["F", k]`` for its k-th forward of a call and (through
-    :class:`_Tap`) ``["B", k]`` when that forward's backward runs."""
+    :class:`_Tap`) ``["B", k]`` when that forward's backward runs, and counting the
+    micro-batches whose graphs are alive (:class:`_Alive`)."""
 
     def __init__(self, stage):
         super().__init__()
-        self.stage, self.ops = stage, []
+        self.stage, self.ops, self.alive = stage, [], _Alive()
 
     def forward(self, x):
         k = sum(1 for op in self.ops if op[0] == "F")
         self.ops.append(["F", k])
-        return _Tap.apply(self.stage(x), k, self.ops)
+        alive = self.alive
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: _Saved(t, k, alive),
+                                                      lambda saved: saved.tensor):
+            y = self.stage(x)
+        alive.look()
+        return _Tap.apply(y, k, self.ops)
 
 
 def _grads(stage):
@@ -249,7 +284,7 @@ def probe_pipeline(student, ctx, runs=None):
             try:
                 for _ in range(2):
                     rec.take()
-                    logged.ops = []
+                    logged.ops, logged.alive = [], _Alive()
                     try:
                         loss = student.pipeline_step(
                             logged, list(order), inputs=x if s == 0 else None,
@@ -261,7 +296,7 @@ def probe_pipeline(student, ctx, runs=None):
                     calls.append({"loss": loss if isinstance(loss, (int, float)) or loss is None
                                   else repr(loss)[:100],
                                   "grads": _grads(stage), "calls": rec.take(),
-                                  "ops": list(logged.ops)})
+                                  "ops": list(logged.ops), "peak": logged.alive.peak})
             except NotImplementedError as exc:
                 results[name] = not_implemented(student, exc)
                 continue

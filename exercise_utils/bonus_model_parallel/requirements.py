@@ -87,6 +87,9 @@ CONTRACT = {
                cases=("pp-values",)),
         Clause("accumulate", "The gradients are accumulated (``+=``) into ``.grad`` of "
                "``stage_module``'s parameters, never zeroed.", cases=("pp-accumulate",)),
+        Clause("graph-freed", "A micro-batch's graph is freed by its backward (no "
+               "``retain_graph``): under 1F1B a stage then holds the saved activations of at "
+               "most ``p - s`` micro-batches at once.", cases=("pp-memory",)),
         Clause("returns", "On the last stage, the whole batch's loss as a Python float; None on "
                "the other stages.", cases=("pp-values",)),
         Clause("no-deadlock", "A deadlock is reported as a hang, with a hint.",

@@ -213,6 +213,13 @@ FLAWS = [
          expect="Gradients accumulate",
          patch=(("    m = check_order(order)\n",
                  "    m = check_order(order)\n    stage_module.zero_grad()\n"),)),
+    Flaw("pipeline", "graphs_retained", clause="graph-freed", case="pp-memory",
+         why="back-propagates with retain_graph=True (in case a later backward needs the "
+             "graph): every micro-batch's saved activations stay alive until the step ends.",
+         expect="micro-batches were alive at once",
+         patch=(("            torch.autograd.backward(out, grad)\n",
+                 "            torch.autograd.backward(out, grad, retain_graph=True)\n"
+                 "            live[j + 1000] = (x, out)\n"),)),
     Flaw("pipeline", "returns_tensor", clause="returns", case="pp-values",
          why="returns the loss as a tensor.",
          expect="as a Python float",
