@@ -98,7 +98,7 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
         launches.append((what, world_size, backend))
     if not path.is_file():
         raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it first.")
-    with tempfile.TemporaryDirectory(prefix="dtfs-check-") as tmp:
+    with _launch_folder() as tmp:
         args_file = Path(tmp) / "kwargs.pkl"
         args_file.write_bytes(pickle.dumps(kwargs or {}))    # judge -> rank only (plaindata: back)
         keys = integrity.make_secrets(tmp, world_size)
@@ -331,6 +331,29 @@ def _salt_files(tmp, world_size):
         path.write_text(str(salt))
         path.chmod(0o600)
     return salts
+
+
+@contextlib.contextmanager
+def _launch_folder():
+    """A fresh folder for one launch (the ranks' beats, reports and salts), removed after it.
+    A rank killed as its launch ends can still write its heartbeat there for a moment (on a
+    mesh its sandbox's processes die after the sandbox's init: seen once in CI, "Directory not
+    empty" from test_wire), so the removal tries again before it gives up silently."""
+    import shutil
+    tmp = tempfile.mkdtemp(prefix="dtfs-check-")
+    try:
+        yield tmp
+    finally:
+        for _ in range(50):
+            try:
+                shutil.rmtree(tmp)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _private_salts(tmp, world_size):
