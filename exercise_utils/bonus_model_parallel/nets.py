@@ -1,6 +1,7 @@
 """The judge's single-process reference blocks of notebook 10 and the salted weights, inputs and
-upstream gradients of the tensor-parallel check: built the same way inside every rank
-(:mod:`.probes`) and by the judge (:mod:`.checks`), from a seed and rank 0's salt.
+upstream gradients of its checks: built the same way inside every rank (:mod:`.probes`,
+:mod:`.probes_pp`) and by the judge (:mod:`.checks`, :mod:`.checks_pp`), from a seed and the
+ranks' numbers (each rank's own parts from its own: :func:`build`, :func:`pp_stack`).
 
 The blocks are the judge's own (never the student's ``MLP`` / ``Attention``), with the attribute
 names the contract promises ``from_mlp`` / ``from_attention`` can rely on: ``fc1``, ``act``,
