@@ -306,21 +306,6 @@ class Cluster:
         kwargs["env"] = {**FRESH_STORE_ENV, **(kwargs.get("env") or {})}
         return self.run_many([(host, cmd) for host in self.hosts], **kwargs)
 
-    def ranks_command(self, cmd, private=None):
-        """One command that runs ``cmd`` once on every host as the ranks of one job (RANK is
-        the host's index, WORLD_SIZE the number of hosts, MASTER_ADDR host 0's address), each
-        in a sandbox that keeps its host's network at grading (:func:`exercise_utils.sandbox.wrap`),
-        and stops them all as soon as one fails. The command itself must run outside a sandbox
-        (``launch.run(..., sandboxed=True)``): it enters the hosts' namespaces.
-
-        ``private``: a folder per host; rank r finds its own in ``DTFS_PRIVATE`` and, in a
-        sandbox (at grading), sees every other one empty."""
-        hosts = [[h.netns, str(h.uts)] for h in self.hosts]
-        return [sys.executable, "-m", "exercise_utils.cluster", "ranks",
-                json.dumps({"hosts": hosts, "cmd": [str(c) for c in cmd],
-                            "master": self.hosts[0].address,
-                            "private": [str(p) for p in private or []]})]
-
     def mpiexec_command(self, cmd, launcher):
         """``mpiexec`` (MPICH's hydra) running ``cmd`` once on every host, started on host 0:
         hydra reaches the other hosts through ``launcher``, an executable file this writes (a
@@ -472,42 +457,8 @@ def _send(address, port, mbytes):
     print(json.dumps({"bytes": total, "seconds": seconds, "mbit_per_s": total * 8 / seconds / 1e6}))
 
 
-def _ranks(spec):
-    """Run :meth:`Cluster.ranks_command`'s job; exit with the first failing rank's code."""
-    from .processes import kill_processes
-    from .sandbox import wrap
-    spec = json.loads(spec)
-    procs = []
-    private = spec.get("private") or []
-    for rank, (netns, uts) in enumerate(spec["hosts"]):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(spec["hosts"])),
-               "MASTER_ADDR": spec["master"]}
-        if private:
-            env["DTFS_PRIVATE"] = private[rank]
-        others = [p for r, p in enumerate(private) if r != rank]
-        procs.append(subprocess.Popen(["ip", "netns", "exec", netns, "nsenter", f"--uts={uts}",
-                                       *wrap(spec["cmd"], network=True, masked=others)],
-                                      env=env))
-    code = 0
-    while code == 0 and any(p.poll() is None for p in procs):
-        time.sleep(0.05)
-        code = next((p.returncode for p in procs if p.returncode), 0)
-    code = code or next((p.returncode for p in procs if p.returncode), 0)
-    if code:
-        alive = []
-        for proc in procs:
-            try:
-                proc = psutil.Process(proc.pid)
-                alive += [proc, *proc.children(recursive=True)]
-            except psutil.Error:
-                pass
-        kill_processes(alive)
-    sys.exit(abs(code))
-
-
 if __name__ == "__main__":
-    usage = ("python -m exercise_utils.cluster cleanup | serve PORT | send ADDRESS PORT MBYTES "
-             "| ranks SPEC")
+    usage = "python -m exercise_utils.cluster cleanup | serve PORT | send ADDRESS PORT MBYTES"
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     if what == "cleanup":
         print("removed:", remove_stale() or "nothing")
@@ -515,7 +466,5 @@ if __name__ == "__main__":
         _serve(sys.argv[2])
     elif what == "send" and len(sys.argv) == 5:
         _send(*sys.argv[2:])
-    elif what == "ranks" and len(sys.argv) == 3:
-        _ranks(sys.argv[2])
     else:
         sys.exit(usage)

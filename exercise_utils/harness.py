@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import heartbeat, integrity, launch, plaindata, sandbox, zygote
+from . import cluster, heartbeat, hosts, integrity, launch, plaindata, sandbox, zygote
 from . import processes
 from .processes import TAG, kill_processes, tagged_processes
 from .contract import CheckFailure
@@ -68,21 +68,20 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
             loop of the student's code is charged to it, unless the probe named the case it
             was running (``ctx.case(name)``).
         links: a dict to receive the bytes every rank sent to every other, as the kernel
-            counted them on the wire (``{(i, j): bytes}``), where :func:`observing`: then the
-            gloo ranks run as the hosts of a mesh (:class:`.cluster.Cluster`), each in its own
-            network namespace, and the judge reads the interfaces' counters from outside
-            (nothing a rank does can change them). With ``backend="none"`` the probe sets up
-            its gloo group itself (``env://``: ``MASTER_ADDR`` is host 0's address there).
-            Left empty elsewhere.
+            counted them on the wire (``{(i, j): bytes}``), where the ranks run on hosts
+            (:func:`observing`: at grading): then every rank runs as a host of a mesh, in a
+            sandbox of its own (:mod:`.hosts`), and the judge reads the interfaces' counters
+            from outside (nothing a rank does can change them). With ``backend="none"`` the
+            probe sets up its gloo group itself (``env://``: ``MASTER_ADDR`` is host 0's
+            address there). Left empty elsewhere.
         salts: a dict to receive the number each rank alone was given (``{rank: int}``,
             ``ctx.salt`` in its probe), so that inputs the probe derives from it cannot be
             rebuilt by another rank (only received through its collectives). Given at
-            grading (:func:`salting`) to launches of 2 or more ranks: where the links
-            are observed each rank has a private folder holding it, which no other rank's
-            sandbox can read; elsewhere each rank takes it from a file of the launch's folder
-            and deletes it, and no rank's student code starts before every rank has (the
-            sandboxed ranks cannot read each other's memory: :func:`.sandbox.harden`). Left
-            empty elsewhere, where every ``ctx.salt`` is 0.
+            grading (:func:`salting`) to launches of 2 or more ranks: each rank finds it in
+            its own folder, which on hosts no other rank's sandbox shows; where the ranks
+            share a sandbox, each takes it and deletes it, and no rank's student code starts
+            before every rank has (the sandboxed ranks cannot read each other's memory:
+            :func:`.sandbox.harden`). Left empty elsewhere, where every ``ctx.salt`` is 0.
     Returns:
         list: the probe's return value on rank 0, 1, ...
     Raises:
@@ -90,6 +89,14 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
             one that says "the check's integrity was violated" when the student's file forged
             a result or changed the checker's code (:mod:`.integrity`).
     """
+    # (on hosts, a launch outside a check runs in a session of its own: its hosts' lifetime)
+    with session() if hosts.wanted() else contextlib.nullcontext():
+        return _run_ranks(path, probe, world_size, backend, kwargs, timeout, what, limit,
+                          warm_up, case, links, salts)
+
+
+def _run_ranks(path, probe, world_size, backend, kwargs, timeout, what, limit, warm_up, case,
+               links, salts):
     path = Path(path)
     if callable(probe):
         probe = f"{probe.__module__}:{probe.__qualname__}"
@@ -98,40 +105,53 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
         launches.append((what, world_size, backend))
     if not path.is_file():
         raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it first.")
-    with _launch_folder() as tmp:
-        args_file = Path(tmp) / "kwargs.pkl"
-        args_file.write_bytes(pickle.dumps(kwargs or {}))    # judge -> rank only (plaindata: back)
-        keys = integrity.make_secrets(tmp, world_size)
-        worker_args = ["--student", str(path.resolve()), "--probe", probe, "--kwargs",
-                       str(args_file), "--out", tmp, "--backend", backend, "--timeout",
-                       str(limit), *(["--warm-up"] if warm_up else [])]
-        watch = _with_progress(heartbeat.Watch(tmp, world_size, timeout,
+    pool = _pool(world_size) if hosts.wanted() else None
+    with _launch_folder(pool) as tmp:
+        blob = pickle.dumps(kwargs or {})                    # judge -> rank only (plaindata: back)
+        if pool is not None:
+            folders, copies, kwfiles = pool.prepare(world_size, path, blob)
+        else:
+            folders = [Path(tmp) / f"r{r}" for r in range(world_size)]
+            for folder in folders:
+                folder.mkdir()
+            (Path(tmp) / "kwargs.pkl").write_bytes(blob)
+            copy = path.resolve()
+            if sandbox.policy() is not None:      # (the submission's folder: not in sight)
+                copy = Path(tmp) / "in" / path.name
+                copy.parent.mkdir()
+                copy.write_bytes(path.read_bytes())
+            copies = [copy] * world_size
+            kwfiles = [Path(tmp) / "kwargs.pkl"] * world_size
+        keys = integrity.make_secrets(folders)
+        if salts is not None and world_size > 1 and (pool is not None or salting()):
+            salts.update(_give_salts(folders))
+        common = ["--probe", probe, "--backend", backend, "--timeout", str(limit),
+                  *(["--warm-up"] if warm_up else [])]
+        watch = _with_progress(heartbeat.Watch(folders, world_size, timeout,
                                                spinning=backend == "mpi",
-                                               reported=lambda: _written(tmp, world_size)),
+                                               reported=lambda: _written(folders)),
                                what, world_size, backend)
         try:
             try:
-                if (links is not None and backend in ("gloo", "none") and world_size > 1
-                        and observing()):
-                    folders, given = _private_salts(tmp, world_size)
-                    links.update(_launch_on_mesh(worker_args, world_size, limit, what, watch,
-                                                 folders))
-                    if salts is not None:
-                        salts.update(given)
+                if pool is not None:
+                    seen = _launch_on_hosts(pool, world_size, backend, copies, kwfiles, folders,
+                                            common, limit, what, watch)
+                    if links is not None:
+                        links.update(seen)
                 else:
-                    if salts is not None and world_size > 1 and salting():
-                        salts.update(_salt_files(tmp, world_size))
+                    worker_args = ["--student", str(copies[0]), "--kwargs", str(kwfiles[0]),
+                                   "--out", str(Path(tmp) / "r{rank}"), *common]
                     _launch(worker_args, world_size, backend, limit, what, watch)
             finally:
                 watch.close()           # the progress line: gone, however the launch ended
         except launch.LaunchHang as err:
-            reports = _reports(tmp, world_size, keys)
+            reports = _reports(folders, keys, copies, path)
             _raise_student_errors(reports, path, case)
             running = [s.get("case") for s in err.report if s.get("case")]
             raise CheckFailure(_hang_message(what, backend, world_size, reports, err.report,
                                              path), running[0] if running else case) from None
         except launch.LaunchTimeout:
-            _raise_student_errors(_reports(tmp, world_size, keys), path, case)
+            _raise_student_errors(_reports(folders, keys, copies, path), path, case)
             lines = watch.summary(path)
             why = ("an endless loop?" if not any("no progress for" in ln for ln in lines) else
                    "an endless loop, or ranks waiting for each other while another kept "
@@ -145,11 +165,11 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
         except launch.LaunchError as err:
             # Every rank reported, then the job ended badly (mpiexec cleaning up after the
             # first rank to exit): the reports are the verdict, not the exit status.
-            if len(_written(tmp, world_size)) < world_size:
-                _raise_student_errors(_reports(tmp, world_size, keys), path, case)
+            if len(_written(folders)) < world_size:
+                _raise_student_errors(_reports(folders, keys, copies, path), path, case)
                 raise CheckFailure(f"{what}: the worker processes failed before reporting "
-                                   f"a result.\n{err}", case) from None
-        reports = _reports(tmp, world_size, keys)
+                                   f"a result.\n{_shown(err, copies, path)}", case) from None
+        reports = _reports(folders, keys, copies, path)
         _raise_student_errors(reports, path, case)
         missing = [r for r in range(world_size) if r not in reports]
         if missing:
@@ -193,7 +213,15 @@ def _with_progress(watch, what, world_size, backend):
 
 
 def _launch(worker_args, world_size, backend, limit, what, watch):
-    quiet = dict(timeout=limit, echo=False, what=what, watch=watch)
+    """One launch whose ranks share one sandbox (at grading, only where no network namespaces
+    can be made) or none (students' machines): forked by the session's zygote, or by a fresh
+    ``rankworker --spawn``, or MPI ranks forked by a zygote of their own."""
+    folder = str(Path(_options(worker_args)["--out"]).parent)
+    writable = [_SESSION[0]["tmp"]] if _SESSION and backend != "mpi" else [folder]
+    if sandbox.weakened("kernel-folder"):
+        writable.append(os.getcwd())
+    quiet = dict(timeout=limit, echo=False, what=what, watch=watch, writable=writable,
+                 cwd=folder if sandbox.policy() is not None else None)
     if backend == "mpi":
         cmd = _zygote_command(worker_args, world_size)
     elif _SESSION:
@@ -218,6 +246,7 @@ def _launch(worker_args, world_size, backend, limit, what, watch):
         print(f"note: {what}: {why}; the launch ran again.", file=sys.stderr, flush=True)
         if backend != "mpi":
             cmd = _plain_command(worker_args, world_size)
+            quiet["writable"] = [folder]
         launch.run(cmd, nprocs=world_size, **quiet)
 
 
@@ -226,7 +255,8 @@ def _never_started(err, worker_args, world_size):
     still there, no beat, no report) for a reason of the checker's own, or None: the
     session's zygote died (it is started anew for the next launch), or bubblewrap failed to
     set up the sandbox (its message, ``bwrap: ...``, and exit status 1)."""
-    if not _untouched(_options(worker_args)["--out"], world_size):
+    out = _options(worker_args)["--out"]
+    if not _untouched([rankworker_folder(out, r) for r in range(world_size)]):
         return None
     if err.returncode == zygote.LOST and _SESSION:
         return _zygote_lost()
@@ -243,16 +273,22 @@ def _options(worker_args):
 
 
 def _plain_command(worker_args, world_size):
-    return [sys.executable, "-m", "exercise_utils.rankworker", "--spawn", str(world_size),
-            *worker_args]
+    return [sys.executable, "-P", "-m", "exercise_utils.rankworker", "--spawn",
+            str(world_size), *worker_args]
 
 
-def _untouched(out, world_size):
-    """Whether no rank of the launch whose folder is ``out`` started: every secret is still
-    there, no rank beat or reported."""
-    folder = Path(out)
-    return (all((folder / f"secret{r}").exists() for r in range(world_size))
-            and not list(folder.glob("beat*")) and not _written(out, world_size))
+def rankworker_folder(out, rank):
+    """Rank ``rank``'s folder of a launch whose ``--out`` is ``out`` (``{rank}`` read as the
+    rank: :func:`.rankworker.own_folder`)."""
+    return Path(str(out).replace("{rank}", str(rank)))
+
+
+def _untouched(folders):
+    """Whether no rank of the launch whose rank folders are ``folders`` started: every secret
+    is still there, no rank beat or reported."""
+    return (all((Path(f) / "secret").exists() for f in folders)
+            and not any(list(Path(f).glob("beat*")) for f in folders)
+            and not _written(folders))
 
 
 def _zygote_lost():
@@ -275,19 +311,16 @@ def _zygote_lost():
     return f"the check's zygote (pid {proc.pid}) was lost: {status}; its stderr: {tail or '(empty)'}"
 
 
-OBSERVE = "DTFS_OBSERVE"    # "1": observe links outside grading too (tests); "0": never
+OBSERVE = hosts.OBSERVE     # "1": launches on hosts outside grading too (tests); "0": never
 
 
 def observing():
-    """Whether gloo checks that ask for it (``links=``) run their ranks on a mesh and count
-    the bytes on its links: at grading (a sandbox policy, :mod:`.sandbox`) or with
-    ``DTFS_OBSERVE=1``, where network namespaces can be made (root, Linux; see
-    :func:`.cluster.unavailable_reason`). Elsewhere (a laptop, Colab without root) the
-    in-process recorders alone judge the structure."""
-    wanted = os.environ.get(OBSERVE)
-    if wanted == "0" or (wanted != "1" and sandbox.policy() is None):
-        return False
-    return _namespaces_work()
+    """Whether launches run on the hosts of a mesh, each rank in a sandbox of its own, and the
+    bytes on its links are counted (:mod:`.hosts`): at grading (a sandbox policy,
+    :mod:`.sandbox`) or with ``DTFS_OBSERVE=1``, where network namespaces can be made (root,
+    Linux; see :func:`.cluster.unavailable_reason`). Elsewhere (a laptop, Colab without root)
+    the in-process recorders alone judge the structure."""
+    return hosts.wanted()
 
 
 def wire_outside(links, envelope):
@@ -300,47 +333,40 @@ def wire_outside(links, envelope):
     return None if least <= sent <= most else (sent, least, most)
 
 
-@functools.lru_cache(maxsize=None)
-def _namespaces_work():
-    from . import cluster
-    return cluster.unavailable_reason() is None
-
-
 SALT = "DTFS_SALT"          # "1": salts outside grading too (tests); "0": never
 
 
 def salting():
     """Whether launches that ask for salts (``salts=``) get them: at grading (a sandbox
-    policy) or with ``DTFS_SALT=1``, not with ``DTFS_SALT=0``."""
+    policy) or with ``DTFS_SALT=1``, not with ``DTFS_SALT=0``; always on hosts."""
     wanted = os.environ.get(SALT)
     return wanted == "1" or (wanted != "0" and sandbox.policy() is not None)
 
 
-def _fresh_salts(world_size):
-    """``{rank: a fresh random number}`` (never 0: 0 means unsalted)."""
+def _give_salts(folders):
+    """A fresh random number (never 0: 0 means unsalted) in each rank's folder (``salt``:
+    only its owner may read it; the rank deletes it before any student code runs,
+    :func:`.rankworker._salt`); returns ``{rank: number}``."""
     import secrets
-    return {r: secrets.randbits(48) + 1 for r in range(world_size)}
-
-
-def _salt_files(tmp, world_size):
-    """A file ``salt<r>`` per rank in ``tmp`` (only its owner may read it: the rank deletes
-    it before any student code runs, :func:`.rankworker._salt`); returns ``{rank: number}``."""
-    salts = _fresh_salts(world_size)
-    for r, salt in salts.items():
-        path = Path(tmp) / f"salt{r}"
-        path.write_text(str(salt))
+    salts = {r: secrets.randbits(48) + 1 for r in range(len(folders))}
+    for r, folder in enumerate(folders):
+        path = Path(folder) / "salt"
+        path.write_text(str(salts[r]))
         path.chmod(0o600)
     return salts
 
 
 @contextlib.contextmanager
-def _launch_folder():
-    """A fresh folder for one launch (the ranks' beats, reports and salts), removed after it.
-    A rank killed as its launch ends can still write its heartbeat there for a moment (on a
-    mesh its sandbox's processes die after the sandbox's init: seen once in CI, "Directory not
-    empty" from test_wire), so the removal tries again before it gives up silently."""
+def _launch_folder(pool=None):
+    """A fresh folder for one launch, removed after it: the ranks' folders (beats, reports,
+    salts) where they share a sandbox (inside the session's folder, which its zygote's
+    sandbox sees), else the judge's own. A rank killed as its launch ends can still write its
+    heartbeat there for a moment (on a mesh its sandbox's processes die after the sandbox's
+    init: seen once in CI, "Directory not empty" from test_wire), so the removal tries again
+    before it gives up silently."""
     import shutil
-    tmp = tempfile.mkdtemp(prefix="dtfs-check-")
+    where = _SESSION[0]["tmp"] if _SESSION and pool is None else None
+    tmp = tempfile.mkdtemp(prefix="dtfs-check-", dir=where)
     try:
         yield tmp
     finally:
@@ -356,29 +382,55 @@ def _launch_folder():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _private_salts(tmp, world_size):
-    """A private folder per rank in ``tmp`` (``private<r>``) holding a fresh random number
-    (``salt``); returns ``([folder of rank 0, 1, ...], {rank: number})``."""
-    folders = [Path(tmp) / f"private{r}" for r in range(world_size)]
-    salts = _fresh_salts(world_size)
-    for r, folder in enumerate(folders):
-        folder.mkdir(mode=0o700)
-        (folder / "salt").write_text(str(salts[r]))
-    return folders, salts
+def _pool(world_size):
+    """The session's hosts (:class:`.hosts.Pool`), started at its first launch on hosts."""
+    state = _SESSION[0]
+    if state.get("pool") is None:
+        state["pool"] = hosts.Pool(max(hosts.SIZE, world_size))
+    return state["pool"]
 
 
-def _launch_on_mesh(worker_args, world_size, limit, what, watch, private):
-    """One launch whose ranks run on the hosts of a fresh mesh, each with its ``private``
-    folder; the bytes sent on each link."""
-    from . import cluster
-    with cluster.Cluster(world_size, mesh=True) as net:
-        before = net.link_bytes()
-        cmd = net.ranks_command([sys.executable, "-m", "exercise_utils.rankworker",
-                                 *worker_args], private=private)
-        launch.run(cmd, nprocs=world_size, timeout=limit, echo=False, what=what, watch=watch,
-                   sandboxed=True, env={"MASTER_PORT": "29500"})
-        after = net.link_bytes()
-    return {link: after[link] - before[link] for link in after}
+def _launch_on_hosts(pool, size, backend, copies, kwfiles, folders, common, limit, what, watch):
+    """One launch on the session's hosts, rank r on host r (:mod:`.hosts`); returns the bytes
+    sent on each link between them, as the kernel counted them. A host's zygote that was gone
+    before any rank started is started anew and the launch runs again, once."""
+    opts = _options(common)
+    module, probe = opts["--probe"].split(":")
+    preload = [module, *(["torch._dynamo"] if "--warm-up" in common else [])]
+    if backend == "mpi":
+        preload = ["mpi4py.MPI", *preload]
+        home = pool.root / "{host}"
+        k = Path(folders[0]).name
+        copy = copies[0] if Path(pool.root) not in Path(copies[0]).parents else (
+            home / "in" / k / Path(copies[0]).name)
+        args = ["--student", str(copy), "--kwargs",
+                str(home / "in" / k / "kwargs.pkl"), "--out", str(home / "w" / k), *common]
+        env = dict(cluster.MPI_OVER_LINKS)
+    else:
+        env = {}
+    for attempt in (0, 1):
+        cmd = (pool.mpi_command(size, args, preload) if backend == "mpi" else
+               pool.command([(["--student", str(copies[r]), "--kwargs", str(kwfiles[r]),
+                               "--out", str(folders[r]), *common], folders[r])
+                             for r in range(size)], preload))
+        env["MASTER_PORT"] = str(pool.port())
+        before = pool.link_bytes(size)
+        try:
+            launch.run(cmd, nprocs=size, timeout=limit, echo=False, what=what, watch=watch,
+                       sandboxed=True, env=env)
+        except launch.LaunchTimeout:
+            raise
+        except launch.LaunchError as err:
+            if attempt or err.returncode != zygote.LOST or not _untouched(folders):
+                raise
+            lost = "; ".join(pool.lost(h) for h in range(size))
+            print(f"note: {what}: a host's zygote was lost ({lost}); the launch ran again.",
+                  file=sys.stderr, flush=True)
+            continue
+        finally:
+            pool.sweep()
+        after = pool.link_bytes(size)
+        return {link: after[link] - before[link] for link in after}
 
 
 _SESSION = []       # the check that runs now (see session): [{"tmp", "sock", "proc", "tag"}]
@@ -400,7 +452,7 @@ def session(start=False):
             _reap(_SESSION[0])
         return
     with tempfile.TemporaryDirectory(prefix="dtfs-zygote-") as tmp:
-        state = {"tmp": tmp, "sock": None, "proc": None,
+        state = {"tmp": tmp, "sock": None, "proc": None, "pool": None,
                  "tag": f"{os.getpid()}:{uuid.uuid4().hex}"}
         _SESSION.append(state)
         try:
@@ -413,6 +465,8 @@ def session(start=False):
                 state["proc"].kill()
                 state["proc"].wait()
                 kill_processes(tagged_processes(state["tag"]))
+            if state["pool"] is not None:
+                state["pool"].close()
 
 
 def _reap(state):
@@ -464,8 +518,8 @@ def _session_socket():
         state["errors"] = str(errors)
         with open(errors, "wb") as err:
             state["proc"] = proc = subprocess.Popen(
-                sandbox.wrap([sys.executable, "-m", "exercise_utils.zygote", "--socket",
-                              str(sock)]),
+                sandbox.wrap([sys.executable, "-P", "-m", "exercise_utils.zygote", "--socket",
+                              str(sock)], writable=[state["tmp"]], cwd=state["tmp"]),
                 env=env, stdin=subprocess.DEVNULL, stderr=err, start_new_session=True)
         while not sock.exists():
             if proc.poll() is not None:
@@ -520,7 +574,7 @@ def _session_command(worker_args, world_size):
         preload = ["torch", "torch.distributed", *preload]
     if "--warm-up" in worker_args:
         preload.append("torch._dynamo")
-    return [sys.executable, "-m", "exercise_utils.zygote", "--stub", _session_socket(), "--spawn",
+    return [sys.executable, "-P", "-m", "exercise_utils.zygote", "--stub", _session_socket(), "--spawn",
             *[a for name in preload for a in ("--preload", name)], "--", "--spawn",
             str(world_size), *worker_args]
 
@@ -533,11 +587,11 @@ def _zygote_command(worker_args, world_size):
     preload = ["numpy", "mpi4py.MPI", "exercise_utils.rankworker", probe_module]
     if _needs_torch(Path(opts["--student"]), probe_module, probe):
         preload = ["torch", "torch.distributed", *preload]
-    socket = str(Path(opts["--out"]) / "zygote.sock")
-    return [sys.executable, "-m", "exercise_utils.zygote", "--socket", socket,
+    socket = str(Path(opts["--out"]).parent / "zygote.sock")
+    return [sys.executable, "-P", "-m", "exercise_utils.zygote", "--socket", socket,
             *[a for name in preload for a in ("--preload", name)], "--",
-            launch.find_executable("mpiexec"), "-n", str(world_size), sys.executable, "-m",
-            "exercise_utils.zygote", "--stub", socket, "--", *worker_args]
+            launch.find_executable("mpiexec"), "-n", str(world_size), sys.executable, "-P",
+            "-m", "exercise_utils.zygote", "--stub", socket, "--", *worker_args]
 
 
 def _needs_torch(student, module, probe):
@@ -556,22 +610,23 @@ def _needs_torch(student, module, probe):
     return any(TORCH_IMPORT.search(ast.unparse(funcs[name])) for name in called)
 
 
-def _written(tmp, world_size):
+def _written(folders):
     """The ranks whose report file exists (checked for its signature by :func:`_reports`)."""
-    return {r for r in range(world_size) if (Path(tmp) / f"rank{r}.report").exists()}
+    return {r for r, folder in enumerate(folders) if (Path(folder) / f"rank{r}.report").exists()}
 
 
-def _reports(tmp, world_size, keys):
-    """Read the reports the ranks wrote: {rank: report} for the ranks that wrote one.
+def _reports(folders, keys, copies=(), path=None):
+    """Read the reports the ranks wrote: {rank: report} for the ranks that wrote one; the
+    paths of the copies of the student's file the ranks ran (``copies``) read as ``path``.
 
     Raises:
         AssertionError: a report not signed with the rank's secret (the student's file wrote
             it), or one that says the student's file changed the checker's code.
     """
     found = {}
-    for r in range(world_size):
+    for r, folder in enumerate(folders):
         try:
-            data = (Path(tmp) / f"rank{r}.report").read_bytes()
+            data = (Path(folder) / f"rank{r}.report").read_bytes()
         except FileNotFoundError:
             continue
         payload = integrity.verify(keys[r], data)
@@ -588,7 +643,26 @@ def _reports(tmp, world_size, keys):
             raise CheckFailure(f"{integrity.VIOLATION}: on rank {r} your file changed the "
                                  f"checker's code: {', '.join(found[r]['tampered'][:5])}. "
                                  f"Exercise files must not patch the checks.")
+        if path is not None and not found[r].get("ok", True):
+            for key in ("message", "traceback"):
+                found[r][key] = _as_given(found[r].get(key), copies, path)
     return found
+
+
+def _as_given(text, copies, path):
+    """``text`` with the paths of the copies of the student's file read as ``path`` (the one
+    the check was given, e.g. ``work/01_shards.py``)."""
+    if not isinstance(text, str):
+        return text
+    for copy in {str(c) for c in copies}:
+        if copy != str(path):
+            text = text.replace(copy, str(path))
+    return text
+
+
+def _shown(err, copies, path):
+    """A launch's error as the student should read it (:func:`_as_given`)."""
+    return _as_given(str(err), copies, path)
 
 
 def unimplemented(path):

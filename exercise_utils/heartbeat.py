@@ -140,7 +140,8 @@ class Watch:
     """Watch the beats of ``nranks`` ranks; called by :func:`exercise_utils.launch.run`.
 
     Args:
-        folder: where the ranks beat.
+        folder: where the ranks beat, or a list of one folder per rank (each rank beating in
+            a folder of its own: the checks' ranks at grading, :mod:`exercise_utils.hosts`).
         nranks: the ranks expected (beats named ``beat0.json`` ...).
         hang_after: seconds every unreported rank must stand still before it is a hang.
         reported: callable returning the set of ranks that have reported their result (for
@@ -151,7 +152,9 @@ class Watch:
     """
 
     def __init__(self, folder, nranks, hang_after, reported=None, spinning=False):
-        self.folder, self.nranks, self.hang_after = Path(folder), nranks, hang_after
+        self.folders = ([Path(f) for f in folder] if isinstance(folder, (list, tuple))
+                        else [Path(folder)] * nranks)
+        self.nranks, self.hang_after = nranks, hang_after
         self.reported, self.spinning = reported, spinning
         self.seen = {}          # rank -> {"pos", "cpu", "moved": time of the last progress}
         self.next = 0.0
@@ -201,11 +204,12 @@ class Watch:
         return self.seen[rank]
 
     def _read(self, rank):
+        folder = self.folders[rank]
         try:
-            beat = json.loads((self.folder / f"beat{rank}.json").read_text())
+            beat = json.loads((folder / f"beat{rank}.json").read_text())
         except (OSError, ValueError):
             return None
-        return beat if _alive(self.folder, beat) else None
+        return beat if _alive(folder, beat) else None
 
 
 def _alive(folder, beat):

@@ -2,7 +2,7 @@
 
 Two protections, both set up *before* the student file is imported:
 
-* **Signed results.** The harness writes one random secret per rank into the check's folder
+* **Signed results.** The harness writes one random secret into each rank's folder
   (:func:`make_secrets`); the rank reads its own and deletes the file before the import
   (:func:`take_secret`), and signs its report with it (:func:`sign`). The harness accepts
   only reports whose signature checks out (:func:`verify`), so a student file that writes a
@@ -34,11 +34,12 @@ VIOLATION = "the check's integrity was violated"
 _SIG = 64     # hex digits of a SHA-256 HMAC
 
 
-def make_secrets(folder, nranks):
-    """Write a fresh secret for each rank (``folder/secret<r>``, owner-only); return them."""
+def make_secrets(folders):
+    """Write a fresh secret into each rank's folder (``folders[r]/secret``, owner-only);
+    return ``{rank: secret}``."""
     out = {}
-    for r in range(nranks):
-        path = Path(folder) / f"secret{r}"
+    for r, folder in enumerate(folders):
+        path = Path(folder) / "secret"
         out[r] = secrets.token_bytes(32)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
@@ -46,9 +47,10 @@ def make_secrets(folder, nranks):
     return out
 
 
-def take_secret(folder, rank):
-    """Read this rank's secret and delete its file (before any student code runs)."""
-    path = Path(folder) / f"secret{rank}"
+def take_secret(folder):
+    """Read this rank's secret from its folder and delete the file (before any student code
+    runs); None when there is none."""
+    path = Path(folder) / "secret"
     try:
         value = path.read_bytes()
     except FileNotFoundError:

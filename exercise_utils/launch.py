@@ -208,7 +208,7 @@ def _pump(proc, sel, lines, echo, partial, wait, bars=None):
 
 
 def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_process=None,
-        nprocs=1, watch=None, sandboxed=False):
+        nprocs=1, watch=None, sandboxed=False, writable=None):
     """Run ``cmd`` with live output and a hard timeout; kill every process it started.
 
     Args:
@@ -230,6 +230,9 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
         sandboxed: ``cmd`` puts what it starts in sandboxes itself (a judge's launcher that
             must stay outside one: the checks' ranks on the hosts of a mesh); otherwise, at
             grading, ``cmd`` runs in one (:func:`exercise_utils.sandbox.wrap`).
+        writable: at grading, the folders the sandbox may change (a check's launch names its
+            own folder; None: the current folder and the private temporary folder, for a
+            notebook's own launches: :func:`exercise_utils.sandbox.wrap`).
     Returns:
         RunResult on exit code 0 (or when ``watch`` said "done": ``returncode`` 0).
     Raises:
@@ -252,7 +255,8 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
         full_env["DTFS_MARKS"] = "1"                  # the ranks' progress for the bar
     lines, partial = [], [""]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd if sandboxed else sandbox.wrap(cmd, cwd), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd if sandboxed else sandbox.wrap(cmd, cwd, writable=writable),
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, cwd=cwd, env=full_env,
                             start_new_session=True, preexec_fn=die_with_parent)
     seen = {proc.pid: psutil.Process(proc.pid)}

@@ -3,15 +3,18 @@
 One rank: beat (:mod:`.heartbeat`), take its secret and fingerprint the checker's code
 (:mod:`.integrity`), set up communication (MPI, gloo or none), import the student file, call
 the probe, and write the result (or the error) as plain data (:mod:`.plaindata`: JSON and
-numeric arrays, never a pickle), signed, to ``OUT/rank{R}.report``.
+numeric arrays, never a pickle), signed, to ``OUT/rank{R}.report``. ``OUT`` is the rank's own
+folder (``{rank}`` in ``--out`` reads as the rank: each rank of a launch has its own; at
+grading no other rank's sandbox shows it, :mod:`exercise_utils.hosts`).
 With ``--spawn N`` it starts N such ranks itself (gloo / none; forked once torch is imported)
 and stops all of them as soon as one fails, so that a crashed rank never leaves the others
 waiting.
 
 Launched by the harness, e.g.::
 
-    python -m exercise_utils.rankworker --spawn 2 --backend gloo --student work/x.py \
-        --probe exercise_utils.mpi_parallel_sgd.probes:probe_sgd --kwargs k.pkl --out /tmp/dir
+    python -P -m exercise_utils.rankworker --spawn 2 --backend gloo --student work/x.py \
+        --probe exercise_utils.mpi_parallel_sgd.probes:probe_sgd --kwargs k.pkl \
+        --out '/tmp/dir/r{rank}'
 
 Used by every checker (01_mpi_parallel_sgd onwards).
 """
@@ -135,7 +138,7 @@ class Context(SimpleNamespace):
 def _context(args, rank, phase):
     size = int(os.environ.get("WORLD_SIZE", os.environ.get("PMI_SIZE", 1)))
     ctx = Context(phase, rank=rank, size=size, backend=args.backend, comm=None,
-                  salt=_salt(args.out, rank, float(args.timeout)))
+                  salt=_salt(args.out, float(args.timeout)))
     if args.backend == "mpi":
         from mpi4py import MPI
         ctx.comm = MPI.COMM_WORLD
@@ -147,24 +150,27 @@ def _context(args, rank, phase):
     return ctx
 
 
-def _salt(out, rank, timeout):
+def own_folder(out, rank):
+    """The folder of rank ``rank``: ``out`` with ``{rank}`` read as the rank."""
+    return str(out).replace("{rank}", str(rank))
+
+
+def _salt(out, timeout):
     """A number only this rank knows, else 0 (:func:`exercise_utils.harness.run_ranks`'s
-    ``salts``): its private folder's ``salt`` where the judge gives ranks private folders;
-    else the launch folder's ``salt<rank>``, read and deleted, after which this waits (up to
-    ``timeout`` seconds) until every rank has taken its own, so that no student code runs
-    while another rank's file is there. Probes mix it into this rank's inputs, which the
-    other ranks then cannot rebuild."""
-    folder = os.environ.get("DTFS_PRIVATE")
-    if folder:
-        return int((Path(folder) / "salt").read_text())
-    path = Path(out) / f"salt{rank}"
+    ``salts``): its folder's ``salt``, read and deleted. Where the ranks of a launch share one
+    sandbox (their folders ``.../r<rank>`` side by side), this then waits (up to ``timeout``
+    seconds) until every rank has taken its own, so that no student code runs while another
+    rank's file is there; where each rank has a sandbox of its own (at grading) no other rank
+    could read it anyway. Probes mix it into this rank's inputs, which the other ranks then
+    cannot rebuild."""
+    path = Path(out) / "salt"
     try:
         salt = int(path.read_text())
     except FileNotFoundError:
         return 0
     path.unlink()
     end = time.monotonic() + timeout
-    while list(Path(out).glob("salt*")) and time.monotonic() < end:
+    while list(Path(out).parent.glob("r*/salt")) and time.monotonic() < end:
         time.sleep(0.01)
     return salt
 
@@ -200,6 +206,7 @@ def run_one(args):
     takes its secret, and the checker's code is fingerprinted (:mod:`.integrity`).
     """
     rank = _rank()
+    args.out = own_folder(args.out, rank)
     phase = heartbeat.start(args.out, rank, student=args.student)
     try:
         return _run_probe(args, rank, phase)
@@ -208,7 +215,7 @@ def run_one(args):
 
 
 def _run_probe(args, rank, phase):
-    secret = integrity.take_secret(args.out, rank)
+    secret = integrity.take_secret(args.out)
     if secret is None:
         print(f"rank {rank}: no secret for this run in {args.out}", file=sys.stderr)
         return 3

@@ -43,6 +43,7 @@ import sys
 from pathlib import Path
 
 POLICY = "DTFS_SANDBOX"          # the grader's policy (JSON): run launches in a sandbox
+WEAKEN = "DTFS_TEST_WEAKEN"      # tests only: defences switched off, to prove each one matters
 INSIDE = "DTFS_SANDBOXED"         # set inside a sandbox: launches there are not wrapped again
 INSTALL = ("install it: sudo apt-get install bubblewrap (Debian, Ubuntu), or your system's "
            "package of the same name")
@@ -78,11 +79,15 @@ def require():
 
 
 def _own_install():
-    """The course's checkout and this interpreter's environment where they lie under ``/tmp`` or
-    ``/dev/shm`` (a clone there, its ``.venv``), which the sandbox's own empty folders would
-    otherwise hide: ``bwrap: execvp .../python: No such file or directory``."""
+    """The course's checkout, this interpreter's environment and the folders of ``PYTHONPATH``
+    (the grader's: a student's process cannot set it) where they lie under ``/tmp`` or
+    ``/dev/shm`` (a clone there, its ``.venv``, a test's helper modules), which the sandbox's
+    own empty folders would otherwise hide: ``bwrap: execvp .../python: No such file or
+    directory``."""
     places = {Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(),
               Path(sys.base_prefix).resolve(), Path(sys.executable).resolve().parent}
+    places |= {Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+               if p and os.path.isdir(p)}
     private = (Path("/tmp"), Path("/dev/shm"))
     return sorted(p for p in places if any(p != q and q in p.parents for q in private))
 
@@ -115,7 +120,7 @@ def _machine():
     return args
 
 
-def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None, masked=()):
+def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None):
     """``cmd`` wrapped in ``bwrap`` (see the module docstring).
 
     Args:
@@ -130,8 +135,6 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None, m
             address of its own); by default only a private loopback.
         cwd: the working directory inside (default: the current one; under ``/tmp`` it
             must be one of ``readable`` or ``writable``, which the sandbox sees there).
-        masked: folders inside ``writable`` ones that read as empty all the same (another
-            rank's private folder: :meth:`exercise_utils.cluster.Cluster.ranks_command`).
     Returns:
         list: the full command line.
     """
@@ -152,8 +155,6 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None, m
         path = Path(path).resolve()
         path.mkdir(parents=True, exist_ok=True)
         args += ["--bind", str(path), str(path)]
-    for path in masked:                      # after the binds, which would cover them
-        args += ["--tmpfs", str(Path(path).resolve())]
     args += ["--remount-ro", "/"]             # bwrap's own root, which holds the binds
     if not network:
         args.append("--unshare-net")
@@ -269,19 +270,39 @@ def private_tmpdir():
     return folder
 
 
-def wrap(cmd, cwd=None, network=False, masked=()):
+def wrap(cmd, cwd=None, network=False, writable=None):
     """``cmd`` as it must run here: in a sandbox under the grader's policy (hidden: the
-    policy's paths; writable: the current folder and the private temporary folder), else
-    unchanged. Raises :class:`SandboxUnavailable` if a policy is set and no sandbox can run.
-    ``network``: keep the network ``cmd`` starts in (a host of the course's cluster);
-    ``masked``: folders it must see empty (see :func:`command`)."""
+    policy's paths), else unchanged. Raises :class:`SandboxUnavailable` if a policy is set
+    and no sandbox can run.
+
+    Args:
+        cwd: the working directory inside (default: the first ``writable`` folder).
+        network: keep the network ``cmd`` starts in (a host of the course's cluster).
+        writable: the folders it may change. The checks always name theirs (a launch's own
+            folder: never the grading kernel's working directory nor its temporary folder,
+            where the judge's code and files are). None: a launch of a notebook's own cell
+            (a demo, run at grading only with ``--whole-notebook``, which runs every cell in
+            the kernel anyway): the current folder and the private temporary folder.
+    """
     rules = policy()
     if rules is None:
         return [str(c) for c in cmd]
     require()
-    here = os.getcwd()
-    return command(cmd, writable=[here, private_tmpdir()], hidden=rules["hidden"],
-                   cwd=cwd or here, network=network, masked=masked)
+    if writable is None:
+        here = os.getcwd()
+        writable, cwd = [here, private_tmpdir()], cwd or here
+    else:
+        writable = [str(w) for w in writable]
+        cwd = cwd or (writable[0] if writable else "/")
+    return command(cmd, writable=writable, hidden=rules["hidden"], cwd=cwd, network=network)
+
+
+def weakened(defence):
+    """Whether the tests switched ``defence`` off (``DTFS_TEST_WEAKEN``, comma-separated): a
+    cheat must then pass where, with the defence on, it fails. ``kernel-folder``: the checks'
+    ranks may write the grading kernel's working directory (the submission's folder);
+    ``safe-path``: the grading kernels import from it (``scripts/course.py``)."""
+    return defence in os.environ.get(WEAKEN, "").split(",")
 
 
 def harden():

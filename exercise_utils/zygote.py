@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 
 FDS = 8                 # at most this many descriptors travel with a request
+KEEP = ("DTFS_SANDBOXED",)  # the zygote's own environment a rank keeps (the sandbox's mark)
 LOST = 75               # a stub's exit status when the zygote closed its connection without
                         # the rank's (it died): the launcher may run the launch again without it
 
@@ -44,17 +45,25 @@ LOST = 75               # a stub's exit status when the zygote closed its connec
 def stub(path, args, preload=(), mpi=True):
     """Hand this process's rank (or, without ``mpi``, its ``rankworker --spawn`` launch) to
     the zygote at ``path``, which imports ``preload`` first if it has not yet; exit with the
-    child's status."""
+    child's status. ``path`` may be a folder of host sockets (the checks' hosts,
+    :mod:`exercise_utils.hosts`): then the zygote is the one of this host,
+    ``<path>/<hostname>.sock``, and ``{host}`` in ``args`` reads as the hostname."""
     fds = [0, 1, 2]
     pmi = os.environ.get("PMI_FD")
     if pmi is not None:
         fds.append(int(pmi))
-    request = json.dumps({"env": dict(os.environ), "cwd": os.getcwd(), "args": args,
-                          "fds": fds, "preload": list(preload), "mpi": mpi}).encode()
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(path)
-    socket.send_fds(conn, [len(request).to_bytes(8, "big")], fds)
-    conn.sendall(request)
+    cwd = None
+    if os.path.isdir(path):
+        host = socket.gethostname()
+        path = os.path.join(path, f"{host}.sock")
+        args = [a.replace("{host}", host) for a in args]
+        cwd = args[args.index("--out") + 1] if "--out" in args else "/"
+    try:
+        conn = request(path, args, dict(os.environ), fds, preload, mpi, cwd)
+    except OSError as exc:
+        os.write(2, f"zygote stub {os.getpid()}: the zygote at {path} cannot be reached "
+                    f"({exc})\n".encode())
+        os._exit(LOST)
     status = b""
     while True:
         chunk = conn.recv(64)
@@ -68,23 +77,43 @@ def stub(path, args, preload=(), mpi=True):
     os._exit(int(status) if status else LOST)
 
 
+def request(path, args, env, fds=(0, 1, 2), preload=(), mpi=False, cwd=None):
+    """Ask the zygote at ``path`` for a rank: ``args`` (:mod:`exercise_utils.rankworker`'s),
+    its environment ``env``, these descriptors of this process as its own (0, 1, 2 and MPI's
+    PMI socket), its working directory ``cwd`` (default: this process's). Returns the
+    connection: it carries the rank's exit status when it ends, and closing it kills the
+    rank."""
+    body = json.dumps({"env": env, "cwd": cwd or os.getcwd(), "args": list(args),
+                       "fds": list(fds), "preload": list(preload), "mpi": mpi}).encode()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    socket.send_fds(conn, [len(body).to_bytes(8, "big")], list(fds))
+    conn.sendall(body)
+    return conn
+
+
 # ---------------------------------------------------------------- the zygote
-def serve(path, command, preload):
+def serve(path, command, preload, listen_fd=None):
     """Import ``preload``, listen at ``path``, run ``command`` (mpiexec) and fork a rank for
     every stub that connects; return mpiexec's exit status once it and every rank are done.
     Without a ``command``, serve until killed or until the process that started it is gone
-    (a check's session: :func:`exercise_utils.harness.session`)."""
-    if command:
+    (a check's session: :func:`exercise_utils.harness.session`). With ``listen_fd`` (a host's
+    zygote, :mod:`exercise_utils.hosts`) the listening socket is that inherited descriptor,
+    bound by the judge at a path no sandbox sees: no rank can take its place."""
+    if command or listen_fd is not None:
         import mpi4py
         mpi4py.rc.initialize = False        # each forked rank initialises MPI itself
         mpi4py.rc.finalize = False
     for name in preload:
         importlib.import_module(name)
-    if not command:                          # a session: who to spare when it reaps ranks
-        Path(f"{path}.pid").write_text(str(os.getpid()))
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
+    if listen_fd is not None:
+        listener = socket.socket(fileno=listen_fd)
+    else:
+        if not command:                      # a session: who to spare when it reaps ranks
+            Path(f"{path}.pid").write_text(str(os.getpid()))
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(64)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     children = {}                            # stub connection -> forked rank's pid
@@ -149,7 +178,10 @@ def _fork_rank(conn, listener, children):
         raw += conn.recv(size - len(raw))
     request = json.loads(raw)
     for name in request["preload"]:          # once, here: every later child has it
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except Exception:    # noqa: BLE001 - the rank imports it again and reports the error
+            pass
     pid = os.fork()
     if pid:
         for fd in fds:
@@ -169,8 +201,10 @@ def _fork_rank(conn, listener, children):
         for fd, target in zip(high, request["fds"]):
             os.dup2(fd, target)
             os.close(fd)
+        kept = {k: os.environ[k] for k in KEEP if k in os.environ}
         os.environ.clear()
         os.environ.update(request["env"])
+        os.environ.update(kept)              # (a sandbox's own marks: not the stub's to set)
         os.chdir(request["cwd"])
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)
@@ -247,11 +281,13 @@ def main():
     parser.add_argument("--preload", action="append", default=[])
     parser.add_argument("--spawn", action="store_true",
                         help="with --stub: a rankworker --spawn launch, not an MPI rank")
+    parser.add_argument("--listen-fd", type=int,
+                        help="serve stubs on this inherited listening socket (a host's zygote)")
     opts = parser.parse_args(argv[:cut])
     rest = argv[cut + 1:]
     if opts.stub:
         stub(opts.stub, rest, opts.preload, mpi=not opts.spawn)
-    sys.exit(serve(opts.socket, rest, opts.preload))
+    sys.exit(serve(opts.socket, rest, opts.preload, opts.listen_fd))
 
 
 if __name__ == "__main__":

@@ -288,12 +288,15 @@ SANDBOX_FAILS_ONCE = textwrap.dedent("""
 """)
 
 
-def test_a_sandbox_that_failed_to_start_runs_again(bwrap, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("on_hosts", ["0", "1"])
+def test_a_sandbox_that_failed_to_start_runs_again(bwrap, tmp_path, on_hosts):  # noqa: F811
     """bubblewrap can fail to set up a launch's sandbox (CI: a mount it binds vanished
     meanwhile) before anything of the student's ran: the launch runs again, and says why on
     stderr. The same when the session's zygote's sandbox fails: the launch runs without it;
     and when the first sandbox, which tells whether one can run here, fails: it is tried
-    again (else every check of the notebook would fail: "no sandbox can run here")."""
+    again (else every check of the notebook would fail: "no sandbox can run here"). On hosts
+    (at grading, as root: ``on_hosts``) a host's zygote whose sandbox failed is started anew
+    and the launch runs again."""
     import shutil
     marker, fake = tmp_path / "fail-once", tmp_path / "bin" / "bwrap"
     fake.parent.mkdir()
@@ -302,11 +305,12 @@ def test_a_sandbox_that_failed_to_start_runs_again(bwrap, tmp_path):  # noqa: F8
     folder = tmp_path / "course" / "autograded" / "student" / "harness"
     folder.mkdir(parents=True)
     (folder / "student.py").write_text("def value(rank):\n    return rank * 10\n")
-    # (tests/ reads as empty in the sandbox: the probe lies in the submission's folder)
-    (folder / "sandbox_probe.py").write_text("def probe_value(student, ctx):\n"
+    probes = tmp_path / "probes"     # (the course folder is hidden from the ranks)
+    probes.mkdir()
+    (probes / "sandbox_probe.py").write_text("def probe_value(student, ctx):\n"
                                              "    return student.value(ctx.rank)\n")
     env = {**policy_env(tmp_path / "course"), "PATH": f"{fake.parent}:{os.environ['PATH']}",
-           "PYTHONPATH": str(folder)}
+           "PYTHONPATH": str(probes), "DTFS_OBSERVE": on_hosts}
     out = subprocess.run([sys.executable, "-c", SANDBOX_FAILS_ONCE, "student.py", str(marker)],
                          cwd=folder, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -316,6 +320,10 @@ def test_a_sandbox_that_failed_to_start_runs_again(bwrap, tmp_path):  # noqa: F8
     notes = [line for line in out.stderr.splitlines() if line.startswith("note: ")]
     assert len(notes) == 3, out.stderr[-3000:]
     assert all("(a test: failed once)" in note for note in notes), notes
+    if on_hosts == "1":
+        assert all(("a host's zygote was lost" in n and "ran again" in n)
+                   or ("zygote: exit status 1" in n and "started anew" in n) for n in notes), notes
+        return
     assert sum("the sandbox failed to start" in n and "ran again" in n for n in notes) == 2
     assert sum("zygote exited with status 1" in n and "ran without it" in n
                for n in notes) == 1, notes
@@ -344,27 +352,31 @@ HANG_UNDER_POLICY = textwrap.dedent("""
 """)
 
 
-def test_a_hang_is_a_hang_in_the_sandbox_and_the_session_goes_on(bwrap, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("on_hosts", ["1", "0"])
+def test_a_hang_is_a_hang_in_the_sandbox_and_the_session_goes_on(bwrap, tmp_path, on_hosts):  # noqa: F811
     """In the sandbox (a pid namespace of its own: the ranks' pids are not the launcher's) the
     watch still tells a rank standing still from a dead one (the lock its beat holds), so a
     deadlock is called a hang within the hang limit; and a session, when a check inside it
     ends, reaps what its zygote forked and not the zygote (found by the pid it has inside),
-    which forks the next launch's ranks."""
+    which forks the next launch's ranks. The same where each rank runs on a host of its own
+    (at grading, as root: ``on_hosts``), whose zygotes outlive every launch of the session."""
     folder = tmp_path / "course" / "autograded" / "student" / "harness"
     folder.mkdir(parents=True)
+    probes = tmp_path / "probes"     # (the course folder is hidden from the ranks)
+    probes.mkdir()
     collective = "    dist.all_reduce(t)\n    return t.tolist()\n"
     (folder / "good.py").write_text("import torch.distributed as dist\n\n\ndef total(t):\n"
                                     + collective)
     (folder / "hang.py").write_text("import torch.distributed as dist\n\n\ndef total(t):\n"
                                     "    if dist.get_rank() == 0:\n" + collective.replace(
                                         "    ", "        ", 1) + "    return []\n")
-    (folder / "sandbox_probe.py").write_text(
+    (probes / "sandbox_probe.py").write_text(
         "import psutil\nimport torch\n\n\ndef probe_sum(student, ctx):\n"   # and when the
         "    zygote = [p for p in psutil.Process().parents()\n"     # zygote began (the oldest:
         "              if 'exercise_utils.zygote' in ' '.join(p.cmdline())][-1]\n"  # its forks
         #                                                                  share its cmdline)
         "    return student.total(torch.tensor([ctx.rank + 1.0])), zygote.create_time()\n")
-    env = {**policy_env(tmp_path / "course"), "PYTHONPATH": str(folder)}
+    env = {**policy_env(tmp_path / "course"), "PYTHONPATH": str(probes), "DTFS_OBSERVE": on_hosts}
     out = subprocess.run([sys.executable, "-c", HANG_UNDER_POLICY], cwd=folder, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -387,3 +399,25 @@ def test_salts_reach_each_rank_alone_under_the_grading_policy(bwrap, tmp_path): 
     assert not caught["passed"] and "hold different gradients" in caught["message"], caught
     passed = run_check(right, folder, env)
     assert passed["passed"], passed
+
+
+SHARED = ROOT / "tests" / "cheats" / "shared"
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in SHARED.glob("*.py")))
+def test_side_channels_between_ranks_pass_in_one_sandbox_and_fail_on_hosts(bwrap, tmp_path, stem):  # noqa: F811
+    """Ranks that meet outside the network the judge watches (files in a shared ``/tmp``, a
+    socket on a shared loopback) and send decoys on it: where the ranks of a launch share one
+    sandbox (``DTFS_OBSERVE=0``: what grading falls back to without network namespaces) the
+    trick scores, salts and all (so it is real and this test can fail); at grading, each rank
+    on a host of its own (:mod:`exercise_utils.hosts`), it fails on the values."""
+    cheat = SHARED / f"{stem}.py"
+    course, folder, _ = submission(tmp_path, stem, "")
+    env = policy_env(course)
+    shared = run_check(cheat, folder, {**env, "DTFS_OBSERVE": "0"})
+    assert shared["passed"], f"the side channel does not work even in one sandbox: {shared}"
+    apart = run_check(cheat, folder, {k: v for k, v in env.items() if k != "DTFS_OBSERVE"})
+    assert not apart["passed"], "a side channel between the hosts' ranks worked"
+    message = apart["message"]
+    assert "integrity" not in message, message        # a wrong value, not a caught trick
+    assert "expected the sum" in message or "hold different gradients" in message, message

@@ -172,15 +172,3 @@ def test_the_wire_is_observed_under_the_grading_policy(bwrap, tmp_path, cheat): 
     assert out.returncode == 0, out.stderr[-3000:]
     assert '"passed": true' in out.stdout, out.stdout[-2000:]
 
-
-def test_each_rank_s_salt_is_private_at_grading(bwrap, monkeypatch, tmp_path):  # noqa: F811
-    """A rank that reads the other ranks' salts (their private folders, beside its own)
-    rebuilds their inputs: observed without a sandbox it passes (the trick is real, the test
-    can fail); under the grading policy each rank's sandbox shows those folders empty."""
-    cheat = ROOT / "tests" / "cheats" / "private" / "03_ring_allreduce_read_salts.py"
-    observed(monkeypatch, True)
-    checker_for(cheat.stem)(cheat)
-    course, folder, _ = submission(tmp_path, cheat.stem, "")
-    env = {k: v for k, v in policy_env(course).items() if k != harness.OBSERVE}
-    caught = run_check(cheat, folder, env)
-    assert not caught["passed"] and "FileNotFoundError" in caught["message"], caught

@@ -1,0 +1,343 @@
+"""The checks' hosts: at grading, every rank of a launch runs as a host of its own.
+
+Where the judge must trust nothing the ranks could touch (at grading: a sandbox policy,
+:mod:`.sandbox`; in tests: ``DTFS_OBSERVE=1``), and network namespaces can be made (root,
+Linux: :func:`.cluster.unavailable_reason`), a check's launches run on a :class:`Pool`: the
+hosts of a mesh (:class:`.cluster.Cluster` with ``mesh=True``: a cable of its own between every
+two hosts), each with a *zygote* (:mod:`.zygote`: a process that imported torch once and forks
+a rank for each launch) inside a sandbox of its own, in its host's network namespace. Rank r of
+every launch runs on host r, so the ranks of one launch
+
+* share no writable place: each has its own folder (its beats, its report, its salt; the
+  judge's inputs, the student's file and the probe's arguments, beside it read-only), its own
+  ``/tmp`` and ``/dev/shm``, and sees no other rank's;
+* share no loopback: each host has its own, and another host only through its cable;
+* cannot signal or read each other: a pid namespace per sandbox, no capability;
+
+so every byte between them crosses a link whose counters the judge reads from outside
+(:meth:`Pool.link_bytes`), whatever they do to the recorders in their own memory. MPI too:
+``mpiexec`` (MPICH's hydra) runs on host 0 and reaches the others through a stand-in for
+``ssh`` (:meth:`.cluster.Cluster.mpiexec_command`), its ranks forked by the hosts' zygotes and
+talking over TCP (:data:`.cluster.MPI_OVER_LINKS`). Nothing a rank writes is in the judge's
+working directory or on any import path of the judge's processes: they only read its report,
+as plain data (:mod:`.plaindata`), and its beats.
+
+A zygote listens on a socket the judge bound (at a path no sandbox sees) and handed to it as a
+descriptor: no rank can put a socket of its own in its place. After every launch the hosts are
+swept: whatever a launch left running there is killed, the zygotes spared.
+
+Elsewhere (students' machines) checks run as before: their ranks forked by one zygote, with
+one loopback (:mod:`.harness`).
+
+Used by :mod:`.harness` (every checker, 01_mpi_parallel_sgd onwards).
+"""
+import json
+import os
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from . import cluster, sandbox
+from .processes import TAG, die_with_parent, kill_processes
+
+OBSERVE = "DTFS_OBSERVE"    # "1": launches on hosts outside grading too (tests, as root); "0": never
+SIZE = 3                    # hosts of a pool at first: the most ranks most checks launch
+PRELOAD = ("numpy", "torch", "torch.distributed", "exercise_utils.rankworker")
+PORT = 29500                # host 0's port for a launch's gloo group (a fresh one per launch)
+START_LIMIT = 300           # seconds a host's zygote may take to import what it preloads
+
+
+def wanted():
+    """Whether launches run on hosts: at grading (a sandbox policy) or with ``DTFS_OBSERVE=1``,
+    where network namespaces can be made; never with ``DTFS_OBSERVE=0``."""
+    choice = os.environ.get(OBSERVE)
+    if choice == "0" or (choice != "1" and sandbox.policy() is None):
+        return False
+    return namespaces_work()
+
+
+_WORKS = []
+
+
+def namespaces_work():
+    """Whether network namespaces can be made here (asked once per process)."""
+    if not _WORKS:
+        _WORKS.append(cluster.unavailable_reason() is None)
+    return _WORKS[0]
+
+
+class ZygoteLost(RuntimeError):
+    """A host's zygote is gone (it is started anew at the next launch)."""
+
+
+class Pool:
+    """Hosts for a check's launches (see the module docstring); grown when a launch needs more.
+
+    Args:
+        size: hosts to start with.
+    """
+
+    def __init__(self, size=SIZE):
+        self.tag = f"{os.getpid()}:{uuid.uuid4().hex}"
+        self.root = Path(tempfile.mkdtemp(prefix="dtfs-hosts-"))
+        (self.root / "ctl").mkdir()
+        self.net, self.size, self.launches = None, 0, 0
+        self.zygotes = {}            # host -> {"proc", "listener", "errors"}
+        self._grow(size)
+
+    # ------------------------------------------------------------------ hosts and zygotes
+    def _grow(self, size):
+        """Hosts for ``size`` ranks: a new mesh when the current one is smaller (its zygotes
+        stopped), with every zygote started at once (each imports torch: on 2 cores the
+        imports overlap)."""
+        if size <= self.size:
+            return
+        self._stop_zygotes()
+        if self.net is not None:
+            self.net.down()
+        self.net = cluster.Cluster(size, mesh=True).up()
+        self.size = size
+        for host in self.net.hosts:
+            for sub in ("w", "in"):
+                (self.root / host.name / sub).mkdir(parents=True, exist_ok=True)
+        for h in range(size):
+            self._start_zygote(h)
+
+    def _start_zygote(self, h):
+        host = self.net.hosts[h]
+        path = self.root / "ctl" / f"{host.name}.sock"
+        path.unlink(missing_ok=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
+        listener.listen(64)
+        fd = listener.fileno()
+        inner = [sys.executable, "-P", "-m", "exercise_utils.zygote", "--listen-fd", str(fd),
+                 *[a for name in PRELOAD for a in ("--preload", name)]]
+        home = self.root / host.name
+        if sandbox.unavailable() is None:
+            rules = sandbox.policy() or {}
+            extra = [os.getcwd()] if sandbox.weakened("kernel-folder") else []
+            inner = sandbox.command(inner, writable=[home / "w", *extra], readable=[home],
+                                    hidden=rules.get("hidden", ()), network=True,
+                                    cwd=home / "w")
+        errors = self.root / "ctl" / f"{host.name}.err"
+        env = {**os.environ, TAG: self.tag, "PYTHONSAFEPATH": "1", "TMPDIR": "/tmp"}
+        with open(errors, "ab") as err:
+            proc = subprocess.Popen(host.wrap(inner), pass_fds=[fd], env=env,
+                                    stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                    start_new_session=True, preexec_fn=die_with_parent)
+        listener.close()     # the zygote's now: once it is gone, a connection is refused
+        self.zygotes[h] = {"proc": proc, "errors": errors}
+
+    def _zygote(self, h):
+        """Host ``h``'s zygote, started anew where the last one is gone."""
+        state = self.zygotes.get(h)
+        if state is not None and state["proc"].poll() is not None:
+            print(f"note: {self.lost(h)}; it was started anew.", file=sys.stderr, flush=True)
+        if state is None or state["proc"].poll() is not None:
+            self._start_zygote(h)
+        return self.zygotes[h]
+
+    def lost(self, h):
+        """What is known of why host ``h``'s zygote stopped (exit status, its stderr's end);
+        the next launch starts a new one."""
+        state = self.zygotes.get(h)
+        if state is None:
+            return "never started"
+        code = state["proc"].poll()
+        tail = " | ".join(state["errors"].read_text(errors="replace").strip().splitlines()[-6:])
+        return (f"host h{h}'s zygote: {'exit status ' + str(code) if code is not None else 'running'}"
+                f"; its stderr: {tail or '(empty)'}")
+
+    def _stop_zygotes(self):
+        for state in self.zygotes.values():
+            proc = state["proc"]
+            try:
+                import psutil
+                inside = psutil.Process(proc.pid).children(recursive=True)
+            except Exception:     # noqa: BLE001 - already gone
+                inside = []
+            proc.kill()
+            proc.wait()
+            kill_processes(inside, grace=0.2)
+        self.zygotes = {}
+
+    def close(self):
+        """Stop every zygote and what is left on the hosts, take the mesh down, remove the
+        hosts' folders."""
+        try:
+            self._stop_zygotes()
+            from .processes import tagged_processes
+            kill_processes(tagged_processes(self.tag), grace=0.2)
+        finally:
+            if self.net is not None:
+                self.net.down()
+                self.net = None
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # ------------------------------------------------------------------ launches
+    def prepare(self, world_size, student, kwargs):
+        """Folders of one launch: for rank r on host r, its own writable folder (returned) and,
+        read-only beside it, the probe's arguments (``kwargs``, bytes) and, at grading, a copy
+        of the student's file (the submission's folder is in no sandbox's sight; elsewhere
+        the file is read where it is, unless it lies in ``/tmp``, which a sandbox has of its
+        own). Returns ``(folders, students, kwargs files)``, one per rank."""
+        self._grow(world_size)
+        self.launches += 1
+        k, name = self.launches, Path(student).name
+        private = any(Path(student).resolve().is_relative_to(p) for p in ("/tmp", "/dev/shm"))
+        copy = sandbox.policy() is not None or private    # (a sandbox's /tmp is its own)
+        data = Path(student).read_bytes() if copy else None
+        folders, students, kwfiles = [], [], []
+        for r in range(world_size):
+            home = self.root / f"h{r}"
+            inputs = home / "in" / f"L{k}"
+            inputs.mkdir()
+            if data is not None:
+                (inputs / name).write_bytes(data)
+            (inputs / "kwargs.pkl").write_bytes(kwargs)
+            own = home / "w" / f"L{k}"
+            own.mkdir()
+            folders.append(own)
+            students.append(inputs / name if data is not None else Path(student).resolve())
+            kwfiles.append(inputs / "kwargs.pkl")
+        return folders, students, kwfiles
+
+    def command(self, ranks, preload):
+        """The judge's launcher of one gloo (or lone-process) launch: ``ranks`` is a list of
+        ``(worker arguments, working directory)``, rank r on host r. Its exit status is the
+        first failing rank's (:func:`_launch_ranks`)."""
+        for r in range(len(ranks)):
+            self._zygote(r)
+        master = self.net.hosts[0].address
+        spec = {"ranks": [{"socket": str(self.root / "ctl" / f"h{r}.sock"), "args": args,
+                           "cwd": str(cwd)} for r, (args, cwd) in enumerate(ranks)],
+                "master": master, "preload": list(preload)}
+        path = self.root / "ctl" / f"launch{self.launches}.json"
+        path.write_text(json.dumps(spec))
+        return [sys.executable, "-P", "-m", "exercise_utils.hosts", "ranks", str(path)]
+
+    def mpi_command(self, world_size, worker_args, preload):
+        """``mpiexec`` over the first ``world_size`` hosts, started on host 0: each host's
+        hydra proxy runs a stub that hands its rank to the host's zygote (``{host}`` in
+        ``worker_args`` reads as the host's name)."""
+        for r in range(world_size):
+            self._zygote(r)
+        from .launch import find_executable
+        hosts = self.net.hosts[:world_size]
+        launcher = self.root / "ctl" / "ssh"
+        cases = "".join(f'  {h.name}) exec ip netns exec {h.netns} nsenter --uts={h.uts} '
+                        f'bash -c "$*";;\n' for h in hosts)
+        launcher.write_text('#!/bin/bash\n[ "$1" = "-x" ] && shift\nhost="$1"; shift\n'
+                            f'case "$host" in\n{cases}esac\nexit 127\n')
+        launcher.chmod(0o700)
+        stub = [sys.executable, "-P", "-m", "exercise_utils.zygote", "--stub",
+                str(self.root / "ctl"), *[a for n in preload for a in ("--preload", n)], "--",
+                *worker_args]
+        return hosts[0].wrap([find_executable("mpiexec"), "-launcher", "ssh",
+                              "-launcher-exec", str(launcher), "-hosts",
+                              ",".join(h.name for h in hosts), "-n", str(world_size),
+                              "-ppn", "1", *stub])
+
+    def port(self):
+        """A port for this launch's group on host 0 (none of an earlier launch's sockets can
+        still hold it)."""
+        return PORT + self.launches % 2000
+
+    def link_bytes(self, world_size=None):
+        """Bytes sent so far on every directed link between the first ``world_size`` hosts."""
+        n = world_size or self.size
+        return {(i, j): b for (i, j), b in self.net.link_bytes().items() if i < n and j < n}
+
+    def sweep(self):
+        """Kill whatever is left running on the hosts (a rank's children, a daemon it
+        started), sparing each zygote and the processes above it."""
+        import psutil
+        victims = []
+        for state in self.zygotes.values():
+            try:
+                below = psutil.Process(state["proc"].pid).children(recursive=True)
+            except psutil.Error:
+                continue
+            zygote = next((p for p in below if _is_zygote(p) and not _is_zygote(_parent(p))),
+                          None)
+            if zygote is None:
+                continue
+            try:
+                victims += zygote.children(recursive=True)
+            except psutil.Error:
+                pass
+        kill_processes(victims, grace=0.2)
+
+
+def _parent(proc):
+    try:
+        return proc.parent()
+    except Exception:     # noqa: BLE001
+        return None
+
+
+def _is_zygote(proc):
+    try:
+        return proc is not None and "exercise_utils.zygote" in " ".join(proc.cmdline())
+    except Exception:     # noqa: BLE001
+        return False
+
+
+def _launch_ranks(spec_path):
+    """The launcher: ask each host's zygote for its rank (with this process's output
+    descriptors and environment, RANK, WORLD_SIZE, MASTER_ADDR), wait for their exit
+    statuses, and exit with the first non-zero one, closing the other connections (their
+    zygotes kill those ranks) as soon as one fails. A zygote that cannot be reached, or that
+    closed a connection without a status, makes it exit with :data:`.zygote.LOST`."""
+    from .zygote import LOST, request
+    spec = json.loads(Path(spec_path).read_text())
+    n = len(spec["ranks"])
+    base = dict(os.environ)
+    conns = {}
+    try:
+        for r, rank in enumerate(spec["ranks"]):
+            env = {**base, "RANK": str(r), "LOCAL_RANK": "0", "WORLD_SIZE": str(n),
+                   "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": spec["master"], "TMPDIR": "/tmp"}
+            try:
+                conns[r] = request(rank["socket"], rank["args"], env, preload=spec["preload"],
+                                   cwd=rank["cwd"])
+            except OSError as exc:
+                print(f"hosts: rank {r}'s zygote could not be reached ({exc})", file=sys.stderr,
+                      flush=True)
+                sys.exit(LOST)
+    except BaseException:
+        for conn in conns.values():
+            conn.close()
+        raise
+    sel = selectors.DefaultSelector()
+    for r, conn in conns.items():
+        sel.register(conn, selectors.EVENT_READ, r)
+    statuses, code = {}, 0
+    while len(statuses) < n and not code:
+        for key, _ in sel.select(timeout=1.0):
+            data = b""
+            try:
+                while chunk := key.fileobj.recv(64):  # (the zygote closes after the status)
+                    data += chunk
+            except OSError:                           # (a zygote gone before it accepted)
+                data = b""
+            sel.unregister(key.fileobj)
+            statuses[key.data] = int(data) if data.strip() else LOST
+            code = code or statuses[key.data]
+    for conn in conns.values():
+        conn.close()
+    sys.exit(abs(code))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "ranks":
+        _launch_ranks(sys.argv[2])
+    else:
+        sys.exit("python -m exercise_utils.hosts ranks SPEC")
