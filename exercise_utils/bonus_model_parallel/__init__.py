@@ -5,10 +5,12 @@ Modules:
 
 * ``checks``: ``check_tensor_parallel`` (f, g, the column- and row-parallel layers, the
   parallel MLP and attention), the judge;
-* ``checks_pp``: ``check_schedules`` and ``check_pipeline``, the judges;
+* ``checks_pp``: ``check_schedules`` and ``check_pipeline``, the judges (with the GPipe / 1F1B
+  orders they expect, which no rank can import);
+* ``orders``: the GPipe and 1F1B orders the pipeline checks expect (the judge's);
 * ``nets``: the judge's single-process reference blocks (MLP, attention; the Linear+Tanh stack
-  of the pipeline check and its GPipe / 1F1B orders) and the salted weights, inputs and
-  upstream gradients both the ranks and the judge build;
+  of the pipeline check) and the salted weights, inputs and upstream gradients both the ranks
+  and the judge build;
 * ``probes``: what runs inside the ranks of ``check_tensor_parallel`` (the core's
   ``exercise_utils.recorder`` counting every collective);
 * ``probes_pp``: what runs in ``check_schedules`` (one process, no communication) and inside the

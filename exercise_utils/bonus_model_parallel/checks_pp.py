@@ -53,7 +53,9 @@ import numpy as np
 from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, run_ranks
 from . import probes_pp
-from .nets import ORDERS, PP_LAYERS, PP_RUNS, PP_WIDTHS, pp_reference
+from .nets import PP_LAYERS, PP_RUNS, PP_WIDTHS, pp_reference
+from .orders import ORDERS, stage_orders
+
 
 __all__ = ["check_schedules", "check_pipeline"]
 
@@ -375,7 +377,8 @@ def check_pipeline(path, timeout=TIMEOUT):
     for size in WORLD_SIZES:
         salts = {}
         try:
-            res = run_ranks(path, probes_pp.probe_pipeline, size, "gloo", {}, timeout,
+            res = run_ranks(path, probes_pp.probe_pipeline, size, "gloo",
+                            {"orders": stage_orders(size)}, timeout,
                             what=f"10_model_parallel.py (pipeline_step) with {size} ranks",
                             case="pp-values", salts=salts)
         except CheckFailure as err:

@@ -215,21 +215,3 @@ def pp_reference(dtype, salts, batch):
     return {"loss": float(loss.detach()),
             "grads": [[q.grad.double().numpy() for q in pp_stage(layers, p, s).parameters()]
                       for s in range(p)]}
-
-
-def gpipe_ref(p, m, s):
-    """The judge's GPipe order: all forwards, then the backwards in reverse order."""
-    return [("F", j) for j in range(m)] + [("B", j) for j in reversed(range(m))]
-
-
-def one_f_one_b_ref(p, m, s):
-    """The judge's 1F1B order: warm-up of min(p-s-1, m) forwards, then F(j), B(j-w) pairs,
-    then the remaining backwards."""
-    warm = min(p - s - 1, m)
-    order = [("F", j) for j in range(warm)]
-    for j in range(warm, m):
-        order += [("F", j), ("B", j - warm)]
-    return order + [("B", j) for j in range(m - warm, m)]
-
-
-ORDERS = {"gpipe": gpipe_ref, "1f1b": one_f_one_b_ref}

@@ -8,8 +8,9 @@
   judge know; 0 otherwise), and stage 0 the input, the last stage the target, from theirs
   (:func:`.nets.pp_stack`): no stage can rebuild another's weights or data. For every run of
   :data:`.nets.PP_RUNS` rank ``s`` builds stage ``s`` of the judge's stack (:func:`.nets.pp_stack`,
-  :func:`.nets.pp_stage`), takes the judge's own order (:data:`.nets.ORDERS`: the student's
-  order functions are checked by :func:`probe_schedules`, not here) and calls the student's
+  :func:`.nets.pp_stage`), takes the judge's own order (given as the probe's arguments by
+  :func:`.checks_pp.stage_orders`, which no rank can import: the student's order functions
+  are checked by :func:`probe_schedules`, not here) and calls the student's
   ``pipeline_step`` twice without zeroing the gradients. Every ``torch.distributed`` call the
   student makes is recorded (point-to-point: name, elements, global peer; collectives: name);
   a message to or from a rank that is not a neighbouring stage is stopped before it is made
@@ -26,7 +27,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from .. import pgwatch
 from ..rankworker import not_implemented
-from .nets import ORDERS, PP_RUNS, pp_stack, pp_stage
+from .nets import PP_RUNS, pp_stack, pp_stage
 
 P2P = ("send", "recv", "isend", "irecv")
 SENDS = ("send", "isend")
@@ -262,8 +263,9 @@ def _grads(stage):
             for q in stage.parameters()]
 
 
-def probe_pipeline(student, ctx, runs=None):
-    """``{"runs": {name: result}}``; a result holds, for each of the
+def probe_pipeline(student, ctx, orders, runs=None):
+    """``{"runs": {name: result}}`` for every run of :data:`.nets.PP_RUNS` (``orders``: the
+    judge's order of every stage in each, by run name); a result holds, for each of the
     two calls of ``pipeline_step``, ``{"loss", "grads", "calls"}``; a run whose code still
     raises NotImplementedError gives ``{"todo": function}``."""
     torch.set_num_threads(1)
@@ -279,7 +281,7 @@ def probe_pipeline(student, ctx, runs=None):
             layers, x, y = pp_stack(dtype, salts, batch, stages=[s])
             stage = pp_stage(layers, p, s)
             logged = _Logged(stage)
-            order = ORDERS[sched](p, m, s)
+            order = [tuple(op) for op in orders[name][s]]
             calls = []
             try:
                 for _ in range(2):

@@ -83,26 +83,34 @@ def run_job(path, folder, name, nproc, args, phases, restarts=0, timeout=60, sim
         partial: called with the :class:`Job` of a failed run before its failure is reported.
         snapshot: the snapshot's path (default: a new one in ``folder``).
     """
-    from .. import heartbeat, launch
+    from .. import heartbeat, launch, sandbox
     records = Path(folder) / f"records_{name}"
     records.mkdir()
     probes.beat_folder(records).mkdir()
     out = Path(folder) / f"{name}_final.pt"
     snapshot = Path(snapshot or Path(folder) / f"{name}_snapshot.pt")
-    argv = ["--student", str(Path(path).resolve()), "--records", str(records),
+    student = Path(path).resolve()
+    if sandbox.policy() is not None:    # at grading: the submission's folder is out of sight
+        student = Path(folder) / f"{name}_student" / Path(path).name
+        student.parent.mkdir()
+        student.write_bytes(Path(path).read_bytes())
+    argv = ["--student", str(student), "--records", str(records),
             "--simulate", simulate, *args, "--snapshot", str(snapshot), "--out", str(out)]
     job = Job({}, None, "", records, snapshot)
     cwd = Path(folder) / f"{name}_cwd"      # the workers' working directory: files a student's
     cwd.mkdir()                             # code writes there go with the check's folder
+
+    def given(output):                      # (the copy's path read as the one the check got)
+        return (output or "").replace(str(student), str(path))
     try:
         watch = heartbeat.Watch(probes.beat_folder(records), nproc, timeout)
-        result = launch.run([sys.executable, "-m", agent.__name__, "--nproc", nproc,
+        result = launch.run([sys.executable, "-P", "-m", agent.__name__, "--nproc", nproc,
                              "--max-restarts", restarts, *argv], nprocs=nproc, timeout=LIMIT,
                             watch=watch, echo=False, what=f"your trainer's job {name}",
-                            cwd=cwd, env={"PYTHONPATH": os.pathsep.join(
+                            cwd=cwd, writable=[folder], env={"PYTHONPATH": os.pathsep.join(
                                 filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     except launch.LaunchHang as err:
-        _failed(job, err.output, partial, path)
+        _failed(job, given(err.output), partial, path)
         running = [phases.get(s.get("case"), phases["other"]) for s in err.report]
         seen = "\n  ".join(heartbeat.describe(err.report, path))
         raise CheckFailure(f"job {name}: hung: every worker stopped making progress:\n  {seen}"
@@ -110,19 +118,19 @@ def run_job(path, folder, name, nproc, args, phases, restarts=0, timeout=60, sim
                            f"backward, all_gather_object, barriers) in the same order?",
                            running[0] if running else phases["other"]) from None
     except launch.LaunchTimeout as err:
-        _failed(job, err.output, partial, path)
+        _failed(job, given(err.output), partial, path)
         raise CheckFailure(f"job {name}: still running after {LIMIT} s although it kept making "
                            f"progress (an endless loop?): {err}", phases["other"]) from None
     except launch.LaunchError as err:
-        _failed(job, err.output, partial, path)
-        case = phases.get(_failed_phase(job, err.output), phases["other"])
+        _failed(job, given(err.output), partial, path)
+        case = phases.get(_failed_phase(job, given(err.output)), phases["other"])
         raise CheckFailure(f"job {name} failed (while your code ran "
-                           f"{_failed_phase(job, err.output) or 'its start'}):\n"
-                           f"{worker_errors(err.output)}", case) from None
-    _read(job, result.output)
+                           f"{_failed_phase(job, given(err.output)) or 'its start'}):\n"
+                           f"{worker_errors(given(err.output))}", case) from None
+    _read(job, given(result.output))
     if not out.exists():
         raise CheckFailure(f"job {name}: the job ended without rank 0 writing its result (did "
-                           f"Trainer.train return?)\n{_tail(result.output)}", phases["other"])
+                           f"Trainer.train return?)\n{_tail(given(result.output))}", phases["other"])
     import torch
     job.final = torch.load(out, map_location="cpu")
     return job
