@@ -87,22 +87,64 @@ def probe_salt(student, ctx):
 
 
 def probe_collective_bytes(student, ctx, kind, numel, calls):
-    """``calls`` collectives ``kind`` of ``numel`` float32 elements per rank's input (the
-    reduce-scatter's input, the all-gather's and all-reduce's tensor), in a group the probe
-    sets up itself (``env://``, as notebooks 06, 07 and 09's probes do)."""
+    """``calls`` calls ``kind`` on a ``numel``-element float32 tensor (the all-reduce's,
+    broadcast's and reduce's tensor; the all-gather's whole output, the reduce-scatter's
+    input, the scatter's and gather's whole buffer on the root; the all-to-all's input; a
+    message from rank 0 to rank 1), in a gloo group the probe sets up itself (``env://``, as
+    notebooks 06, 07 and 09's probes do), or through MPI (``ctx.comm``) for the kinds with a
+    capital letter (mpi4py's names)."""
+    if kind[0].isupper():
+        return _mpi_bytes(ctx, kind, numel, calls)
     import torch
     import torch.distributed as dist
     dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.size)
     n, t = ctx.size, torch.ones(numel)
+    part = t[:numel // n].clone()
     for _ in range(calls):
         if kind == "all_reduce":
             dist.all_reduce(t)
         elif kind == "broadcast":
             dist.broadcast(t, 0)
-        elif kind == "reduce_scatter_tensor":
+        elif kind == "reduce":
+            dist.reduce(t, 0)
+        elif kind == "reduce_scatter":
             dist.reduce_scatter_tensor(torch.empty(numel // n), t)
-        elif kind == "all_gather_into_tensor":
-            dist.all_gather_into_tensor(torch.empty(numel), t[:numel // n].clone())
+        elif kind == "all_gather":
+            dist.all_gather_into_tensor(torch.empty(numel), part)
+        elif kind == "gather":
+            dist.gather(part, [torch.empty(numel // n) for _ in range(n)] if ctx.rank == 0
+                        else None, dst=0)
+        elif kind == "scatter":
+            dist.scatter(torch.empty(numel // n), [part.clone() for _ in range(n)]
+                         if ctx.rank == 0 else None, src=0)
+        elif kind == "all_to_all":
+            dist.all_to_all_single(torch.empty(numel), t)
+        elif kind == "send" and ctx.rank in (0, 1):
+            (dist.send if ctx.rank == 0 else dist.recv)(t, 1 - ctx.rank)
     dist.barrier()
     dist.destroy_process_group()
+    return ctx.rank
+
+
+def _mpi_bytes(ctx, kind, numel, calls):
+    import numpy as np
+    comm, n, root = ctx.comm, ctx.size, ctx.rank == 0
+    a = np.ones(numel, dtype=np.float32)
+    b, part = np.empty_like(a), np.empty(numel // n, dtype=np.float32)
+    for _ in range(calls):
+        if kind == "Allreduce":
+            comm.Allreduce(a, b)
+        elif kind == "Bcast":
+            comm.Bcast(a, root=0)
+        elif kind == "Reduce":
+            comm.Reduce(a, b, root=0)
+        elif kind == "Allgather":
+            comm.Allgather(a[:numel // n], b)
+        elif kind == "Scatter":
+            comm.Scatter(a if root else None, part, root=0)
+        elif kind == "Gather":
+            comm.Gather(a[:numel // n], b if root else None, root=0)
+        elif kind == "Send" and ctx.rank in (0, 1):
+            (comm.Send if root else comm.Recv)(a, 1 - ctx.rank)
+    comm.Barrier()
     return ctx.rank
