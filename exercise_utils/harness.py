@@ -383,11 +383,10 @@ def _launch_folder(pool=None):
 
 
 def _pool(world_size):
-    """The session's hosts (:class:`.hosts.Pool`), started at its first launch on hosts."""
-    state = _SESSION[0]
-    if state.get("pool") is None:
-        state["pool"] = hosts.Pool(max(hosts.SIZE, world_size))
-    return state["pool"]
+    """The hosts (:func:`.hosts.pool`: this process's, started at its first launch on hosts),
+    reset when the session ends (:meth:`.hosts.Pool.reset`)."""
+    _SESSION[0]["pool"] = hosts.pool(world_size)
+    return _SESSION[0]["pool"]
 
 
 def _launch_on_hosts(pool, size, backend, copies, kwfiles, folders, common, limit, what, watch):
@@ -466,7 +465,7 @@ def session(start=False):
                 state["proc"].wait()
                 kill_processes(tagged_processes(state["tag"]))
             if state["pool"] is not None:
-                state["pool"].close()
+                state["pool"].reset()
 
 
 def _reap(state):

@@ -24,13 +24,18 @@ as plain data (:mod:`.plaindata`), and its beats.
 
 A zygote listens on a socket the judge bound (at a path no sandbox sees) and handed to it as a
 descriptor: no rank can put a socket of its own in its place. After every launch the hosts are
-swept: whatever a launch left running there is killed, the zygotes spared.
+swept: whatever a launch left running there is killed, the zygotes spared. The hosts last as
+long as the process (:func:`pool`: a grading kernel grades every check of a submission on
+them, importing torch once per host); when a check ends they are reset (:meth:`Pool.reset`:
+every process but the zygotes killed, every host's ``/tmp``, ``/dev/shm`` and folders
+emptied).
 
 Elsewhere (students' machines) checks run as before: their ranks forked by one zygote, with
 one loopback (:mod:`.harness`).
 
 Used by :mod:`.harness` (every checker, 01_mpi_parallel_sgd onwards).
 """
+import atexit
 import json
 import os
 import selectors
@@ -255,25 +260,86 @@ class Pool:
         n = world_size or self.size
         return {(i, j): b for (i, j), b in self.net.link_bytes().items() if i < n and j < n}
 
-    def sweep(self):
-        """Kill whatever is left running on the hosts (a rank's children, a daemon it
-        started), sparing each zygote and the processes above it."""
+    def _zygote_processes(self):
+        """``{host: the zygote's psutil process}`` for every host whose zygote runs."""
         import psutil
-        victims = []
-        for state in self.zygotes.values():
+        found = {}
+        for h, state in self.zygotes.items():
             try:
                 below = psutil.Process(state["proc"].pid).children(recursive=True)
             except psutil.Error:
                 continue
             zygote = next((p for p in below if _is_zygote(p) and not _is_zygote(_parent(p))),
                           None)
-            if zygote is None:
-                continue
+            if zygote is not None:
+                found[h] = zygote
+        return found
+
+    def sweep(self):
+        """Kill whatever is left running on the hosts (a rank's children, a daemon it
+        started), sparing each zygote and the processes above it."""
+        import psutil
+        victims = []
+        for zygote in self._zygote_processes().values():
             try:
                 victims += zygote.children(recursive=True)
             except psutil.Error:
                 pass
         kill_processes(victims, grace=0.2)
+
+    def reset(self):
+        """Between two checks: nothing of the last one is left on the hosts. Every process
+        but the zygotes is killed; each host's ``/tmp`` and ``/dev/shm`` (its sandbox's own,
+        reached through ``/proc/<zygote>/root``) and the launches' folders are emptied. The
+        zygotes stay: the next check's ranks fork from them (no torch to import again)."""
+        self.sweep()
+        for zygote in self._zygote_processes().values():
+            for inside in ("tmp", "dev/shm"):
+                _empty(Path(f"/proc/{zygote.pid}/root") / inside)
+        for h in range(self.size):
+            for sub in ("w", "in"):
+                _empty(self.root / f"h{h}" / sub)
+
+
+def _empty(folder):
+    """Remove everything inside ``folder`` (which stays)."""
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink()
+        except OSError:
+            pass
+
+
+_POOL = []          # this process's hosts: started at the first launch on hosts
+
+
+def pool(size=SIZE):
+    """This process's :class:`Pool`, started now if need be and grown to ``size`` hosts. It
+    lasts as long as the process (a grading kernel: every check of a submission; a test
+    worker): between two checks :meth:`Pool.reset` leaves nothing of the last one behind."""
+    if not _POOL:
+        _POOL.append(Pool(max(SIZE, size)))
+    _POOL[0]._grow(size)
+    return _POOL[0]
+
+
+def live_tags():
+    """The tags of this process's hosts' processes (the zygotes: they outlive every check)."""
+    return {p.tag for p in _POOL}
+
+
+@atexit.register
+def close_pool():
+    """Stop this process's hosts (at exit)."""
+    while _POOL:
+        _POOL.pop().close()
 
 
 def _parent(proc):
