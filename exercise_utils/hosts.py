@@ -294,8 +294,9 @@ class Pool:
         zygotes stay: the next check's ranks fork from them (no torch to import again)."""
         self.sweep()
         for zygote in self._zygote_processes().values():
-            for inside in ("tmp", "dev/shm"):
-                _empty(Path(f"/proc/{zygote.pid}/root") / inside)
+            if _sandboxed(zygote.pid):      # (bare, without bwrap: the machine's /tmp: no)
+                for inside in ("/tmp", "/dev/shm"):
+                    _empty_inside(zygote.pid, inside)
         for h in range(self.size):
             for sub in ("w", "in"):
                 _empty(self.root / f"h{h}" / sub)
@@ -315,6 +316,40 @@ def _empty(folder):
                 entry.unlink()
         except OSError:
             pass
+
+
+def _empty_inside(pid, folder):
+    """Remove everything inside ``folder`` as process ``pid`` (in a sandbox) sees it, but the
+    mount points there and the folders that lead to them (the sandbox's binds: its host's
+    folders, the course's checkout; removing one from outside would detach it)."""
+    try:
+        with open(f"/proc/{pid}/mountinfo") as info:
+            mounts = {line.split()[4] for line in info}
+    except OSError:
+        return
+    top = f"/proc/{pid}/root"
+
+    def clean(inside):
+        try:
+            names = os.listdir(top + inside)
+        except OSError:
+            return
+        for name in names:
+            path = f"{inside.rstrip('/')}/{name}"
+            if path in mounts:
+                continue
+            if any(m.startswith(path + "/") for m in mounts):
+                clean(path)
+                continue
+            full = Path(top + path)
+            try:
+                if full.is_dir() and not full.is_symlink():
+                    shutil.rmtree(full, ignore_errors=True)
+                else:
+                    full.unlink()
+            except OSError:
+                pass
+    clean(folder)
 
 
 _POOL = []          # this process's hosts: started at the first launch on hosts
@@ -350,9 +385,19 @@ def _parent(proc):
 
 
 def _is_zygote(proc):
+    """Whether ``proc`` is a zygote's Python (or a rank it forked: the same command line),
+    not one of the processes that started it (``bwrap``'s hold the command line too)."""
     try:
-        return proc is not None and "exercise_utils.zygote" in " ".join(proc.cmdline())
+        return proc is not None and proc.cmdline()[1:4] == ["-P", "-m", "exercise_utils.zygote"]
     except Exception:     # noqa: BLE001
+        return False
+
+
+def _sandboxed(pid):
+    """Whether process ``pid`` has a mount namespace other than this process's (a sandbox)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+    except OSError:
         return False
 
 

@@ -148,3 +148,24 @@ def _mpi_bytes(ctx, kind, numel, calls):
             (comm.Send if root else comm.Recv)(a, 1 - ctx.rank)
     comm.Barrier()
     return ctx.rank
+
+
+def probe_leave_traces(student, ctx):
+    """Leave a file in /tmp and /dev/shm and a daemon (a new session) on this rank's host;
+    return the daemon's pid and the zygote's (this rank's parent)."""
+    import os
+    import subprocess
+    for folder in ("/tmp", "/dev/shm"):
+        with open(os.path.join(folder, "dtfs-trace"), "w") as f:
+            f.write(str(ctx.rank))
+    daemon = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    return daemon.pid, os.getppid()
+
+
+def probe_find_traces(student, ctx, daemon):
+    """What this rank's host still holds of :func:`probe_leave_traces`: the files, whether the
+    daemon lives; and the zygote's pid (this rank's parent)."""
+    import os
+    alive = os.path.exists(f"/proc/{daemon}") and "sleep" in open(f"/proc/{daemon}/cmdline").read()
+    return ([os.path.exists(os.path.join(f, "dtfs-trace")) for f in ("/tmp", "/dev/shm")],
+            alive, os.getppid())

@@ -424,3 +424,24 @@ def test_side_channels_between_ranks_pass_in_one_sandbox_and_fail_on_hosts(bwrap
     message = apart["message"]
     assert "integrity" not in message, message        # a wrong value, not a caught trick
     assert "expected the sum" in message or "hold different gradients" in message, message
+
+
+def test_the_hosts_keep_nothing_of_a_check_for_the_next(bwrap, monkeypatch, env_pythonpath, tmp_path):  # noqa: F811
+    """The hosts (``DTFS_OBSERVE=1``: as at grading) outlive a check, their zygotes too (the
+    next check's ranks fork from the same ones), but nothing else does: the files a rank left
+    in its host's ``/tmp`` and ``/dev/shm`` and a daemon it started are gone when the next
+    check starts; within one check they are still there (so the test can fail)."""
+    from exercise_utils import harness
+    monkeypatch.setenv(harness.OBSERVE, "1")
+    blank = tmp_path / "blank.py"
+    blank.write_text("")
+    with harness.session():
+        left = harness.run_ranks(blank, "harness_probes:probe_leave_traces", 2, "none")
+        within = harness.run_ranks(blank, "harness_probes:probe_find_traces", 2, "none",
+                                   {"daemon": left[0][0]})
+    after = harness.run_ranks(blank, "harness_probes:probe_find_traces", 2, "none",
+                              {"daemon": left[0][0]})
+    assert [w[:2] for w in within] == [([True, True], False), ([True, True], False)], within
+    assert [a[:2] for a in after] == [([False, False], False)] * 2, after
+    assert [a[2] for a in after] == [w[2] for w in within] == [x[1] for x in left], \
+        "the zygotes did not last"
