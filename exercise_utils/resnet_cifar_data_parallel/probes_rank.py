@@ -103,7 +103,8 @@ def probe_rank_process(student, ctx, config, ports, port):
         ok = True
         if ctx.rank < world:
             cfg = dataclasses.replace(config, master_port=run_port, timeout_s=timeout,
-                                      master_addr=addr, seed=666 if raises else 0)
+                                      master_addr=probes.reachable(addr),
+                                      seed=666 if raises else 0)
             with simulated_gpus(gpus):
                 out[name] = _run(student, ctx, world, cfg, raises)
             ok = not out[name]["failed"]
