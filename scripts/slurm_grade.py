@@ -10,8 +10,10 @@ IPC sockets), writes ``DIR/.grading/tasks.json`` and two scripts, and submits th
 * ``grade.sbatch``: an array job, task i grading submissions i*K .. i*K+K-1 of tasks.json,
   each in its own folder, each writing ``status.json`` there;
 * ``merge.sbatch``: ``--dependency=afterany`` on the array (it runs whether tasks succeeded
-  or not), merging every graded folder into ``DIR/gradebook.db``, exporting
-  ``DIR/grades.csv`` and listing the submissions that failed (their logs are kept).
+  or not), merging every graded folder into ``DIR/gradebook.db``, giving 0 to the
+  submissions that failed (their logs are kept), exporting ``DIR/grades.csv`` and writing
+  ``DIR/grading_report.csv`` (scripts/submissions.py), with the malformed submissions that
+  course.py found and gave 0 before submitting (``DIR/.grading/malformed.json``).
 
 The course folder must be on a file system that every node sees, as the course's venv is.
 ``python scripts/slurm_grade.py task DIR I`` and ``... merge DIR`` are what the scripts run.
@@ -26,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import parallel_grade  # noqa: E402
+import submissions  # noqa: E402
 
 HERE = Path(__file__).resolve()
 
@@ -56,10 +59,22 @@ def write_scripts(course, pairs, per_task, sbatch_args, job_timeout):
     return grade, merge
 
 
-def submit(course, pairs, per_task, sbatch_args, job_timeout, write_config, env):
-    """Prepare the job folders, write the scripts and submit them; return (array id, merge id)."""
+def submit(course, pairs, malformed, per_task, sbatch_args, job_timeout, write_config, env):
+    """Prepare the job folders, write the scripts and submit them.
+
+    Args:
+        course: the course folder; pairs: [(assignment, student)] to grade;
+        malformed: {(assignment, student): reason}, given 0 already, for the report;
+        per_task: submissions per array task; sbatch_args: extra #SBATCH lines;
+        job_timeout: seconds per submission; write_config(folder): writes a job's config;
+        env: the environment of sbatch.
+    Returns:
+        (array job id, merge job id).
+    """
     grading = _grading(course)
     grading.mkdir(parents=True, exist_ok=True)
+    (grading / "malformed.json").write_text(json.dumps([[*pair, reason] for pair, reason
+                                                        in sorted(malformed.items())], indent=1))
     for pair in pairs:
         folder = parallel_grade.prepare_job(course, *pair)
         write_config(folder)
@@ -90,12 +105,19 @@ def task(course, index):
 
 
 def merge(course):
-    """Merge every graded job folder into the course; export grades.csv. Returns 1 if any
-    submission failed or never ran."""
+    """Merge every graded job folder into the course; give 0 to the submissions that failed or
+    never ran; export grades.csv; write grading_report.csv (and grades.failed.json).
+
+    Returns:
+        0, or 1 when nbgrader export failed.
+    """
     course = Path(course)
     tasks = json.loads((_grading(course) / "tasks.json").read_text())
-    failed = []
-    for assignment, student in (pair for chunk in tasks for pair in chunk):
+    pairs = [tuple(pair) for chunk in tasks for pair in chunk]
+    malformed = {(a, s): reason for a, s, reason in
+                 json.loads((_grading(course) / "malformed.json").read_text())}
+    failed = {}
+    for assignment, student in pairs:
         folder = parallel_grade.job_folder(course, assignment, student)
         status_file = folder / "status.json"
         status = json.loads(status_file.read_text())["status"] if status_file.is_file() else "never ran"
@@ -106,15 +128,22 @@ def merge(course):
                 continue
             except Exception as err:
                 status = f"merge failed: {err}"
-        failed.append((assignment, student))
-        print(f"NOT GRADED: {student}/{assignment}: {status} (log: {folder / 'log.txt'})")
+        timeout = int((folder / "timeout").read_text())
+        failed[assignment, student] = submissions.job_failure(folder, (assignment, student),
+                                                              status, timeout)
+        submissions.record_zero(course, assignment, student)
+        print(f"NOT GRADED: {student}/{assignment}: {failed[assignment, student]}")
     grades = course / "grades.csv"
     proc = subprocess.run([sys.executable, "-m", "nbgrader", "export", "--to", str(grades)],
                           cwd=course, capture_output=True, text=True)
     print(proc.stdout[-2000:] + proc.stderr[-2000:])
-    (course / "grades.failed.json").write_text(json.dumps(failed))
-    print(f"grades: {grades} ({len(failed)} not graded)")
-    return 1 if failed or proc.returncode else 0
+    if proc.returncode:
+        return 1
+    (course / "grades.failed.json").write_text(json.dumps(sorted(failed)))
+    rows = submissions.report_rows(grades, pairs + list(malformed), malformed, failed)
+    print(f"grades: {grades}; report: {submissions.write_report(course, rows)}")
+    submissions.print_report(rows)
+    return 0
 
 
 def wait(job_ids, env, timeout, poll=2.0):

@@ -32,7 +32,10 @@ def test_a_class_is_graded_by_an_array_job_and_a_merge_job(tmp_path, slurm, fixt
     blank, solved = (nbformat.read(p, as_version=4) for p in (fixture_release, FIXTURE))
     crashed = nbformat.read(FIXTURE, as_version=4)
     by_id(crashed)["double"].source = CRASH
-    subs = {**{f"s{i}": solved for i in range(3)}, "blank": blank, "crashed": crashed}
+    copied = nbformat.read(FIXTURE, as_version=4)        # malformed: never dispatched, given 0
+    copied.cells.append(nbformat.v4.new_code_cell("pass", metadata={"nbgrader": {"grade": False}}))
+    subs = {**{f"s{i}": solved for i in range(3)}, "blank": blank, "crashed": crashed,
+            "copied": copied}
     for student, nb in subs.items():
         folder = tmp_path / "course" / "submitted" / student / STEM
         folder.mkdir(parents=True)
@@ -43,12 +46,15 @@ def test_a_class_is_graded_by_an_array_job_and_a_merge_job(tmp_path, slurm, fixt
                            "--cell-timeout", "120", *UNSAFE], env=env, capture_output=True, text=True,
                           timeout=900)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out                     # the crashed submission was not graded
+    assert proc.returncode == 0, out      # the crashed submission: 0, with nbgrader's error
     assert "array job" in out and "(2 per task)" in out
     with open(tmp_path / "course" / "grades.csv", newline="") as f:
         scores = {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)}
-    assert scores == {"s0": 3, "s1": 3, "s2": 3, "blank": 0, "crashed": 0}, out
-    assert "NOT GRADED" in out and "crashed" in out
+    assert scores == {"s0": 3, "s1": 3, "s2": 3, "blank": 0, "crashed": 0, "copied": 0}, out
+    copied = next(line for line in out.splitlines() if line.startswith("copied "))
+    assert "malformed" in copied and "without a grade_id" in copied, out
+    crashed = next(line for line in out.splitlines() if line.startswith("crashed "))
+    assert "failed" in crashed and "DeadKernelError: Kernel died" in crashed, out
     grading = tmp_path / "course" / ".grading"
     assert len(list(grading.glob("slurm-grade-*_*.out"))) == 3      # 5 submissions, 2 per task
     assert (grading / f"{STEM}--crashed" / "log.txt").is_file()
