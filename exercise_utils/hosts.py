@@ -125,7 +125,8 @@ class Pool:
         inner = [sys.executable, "-P", "-m", "exercise_utils.zygote", "--listen-fd", str(fd),
                  *[a for name in PRELOAD for a in ("--preload", name)]]
         home = self.root / host.name
-        if sandbox.unavailable() is None:
+        sandboxed = sandbox.unavailable() is None
+        if sandboxed:
             rules = sandbox.policy() or {}
             extra = [os.getcwd()] if sandbox.weakened("kernel-folder") else []
             inner = sandbox.command(inner, writable=[home / "w", *extra], readable=[home],
@@ -138,7 +139,7 @@ class Pool:
                                     stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                                     start_new_session=True, preexec_fn=die_with_parent)
         listener.close()     # the zygote's now: once it is gone, a connection is refused
-        self.zygotes[h] = {"proc": proc, "errors": errors}
+        self.zygotes[h] = {"proc": proc, "errors": errors, "sandboxed": sandboxed}
 
     def _zygote(self, h):
         """Host ``h``'s zygote, started anew where the last one is gone."""
@@ -293,8 +294,9 @@ class Pool:
         reached through ``/proc/<zygote>/root``) and the launches' folders are emptied. The
         zygotes stay: the next check's ranks fork from them (no torch to import again)."""
         self.sweep()
-        for zygote in self._zygote_processes().values():
-            if _sandboxed(zygote.pid):      # (bare, without bwrap: the machine's /tmp: no)
+        for h, zygote in self._zygote_processes().items():
+            # (bare, without bwrap, a zygote's /tmp is the machine's: never emptied)
+            if self.zygotes[h]["sandboxed"] and _sandboxed(zygote.pid):
                 for inside in ("/tmp", "/dev/shm"):
                     _empty_inside(zygote.pid, inside)
         for h in range(self.size):
@@ -394,9 +396,15 @@ def _is_zygote(proc):
 
 
 def _sandboxed(pid):
-    """Whether process ``pid`` has a mount namespace other than this process's (a sandbox)."""
+    """Whether process ``pid`` sees a ``/tmp`` and a ``/dev/shm`` of its own (a sandbox's:
+    never the machine's, which ``ip netns exec`` alone, a mount namespace of its own, still
+    shows: emptying that one would empty the machine's)."""
     try:
-        return os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        for folder in ("/tmp", "/dev/shm"):
+            inside, here = os.stat(f"/proc/{pid}/root{folder}"), os.stat(folder)
+            if (inside.st_dev, inside.st_ino) == (here.st_dev, here.st_ino):
+                return False
+        return True
     except OSError:
         return False
 

@@ -435,6 +435,8 @@ def test_the_hosts_keep_nothing_of_a_check_for_the_next(bwrap, monkeypatch, env_
     monkeypatch.setenv(harness.OBSERVE, "1")
     blank = tmp_path / "blank.py"
     blank.write_text("")
+    canary = tmp_path / "canary"      # (the machine's /tmp: never emptied)
+    canary.write_text("")
     with harness.session():
         left = harness.run_ranks(blank, "harness_probes:probe_leave_traces", 2, "none")
         within = harness.run_ranks(blank, "harness_probes:probe_find_traces", 2, "none",
@@ -445,3 +447,4 @@ def test_the_hosts_keep_nothing_of_a_check_for_the_next(bwrap, monkeypatch, env_
     assert [a[:2] for a in after] == [([False, False], False)] * 2, after
     assert [a[2] for a in after] == [w[2] for w in within] == [x[1] for x in left], \
         "the zygotes did not last"
+    assert canary.exists(), "the machine's /tmp was emptied"
