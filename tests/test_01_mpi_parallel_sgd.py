@@ -99,6 +99,41 @@ def test_the_sweeps_reach_every_edge_the_contract_names():
     assert any(root != 0 for cases in probes.SCATTER_CASES.values() for _, _, root, *_ in cases)
 
 
+def test_a_salt_changes_every_input_a_rank_could_rebuild_and_salt_0_none():
+    """The inputs of the multi-rank checks (exercise_utils/mpi_parallel_sgd/inputs.py): with a
+    rank's salt its dataset, model (every tensor of its state), rows of the batches and loss
+    sum differ from the fixed ones, the other ranks' rows stay; salt 0 is the fixed inputs;
+    loss sums stay exact in float64 in any order, a rank without samples keeps 0.0."""
+    import numpy as np
+    import torch
+    from exercise_utils.harness import state_arrays
+    from exercise_utils.mpi_parallel_sgd import inputs
+    salt = 2 ** 47 + 12345
+    for dtype, shape in (("float32", (3,)), ("float64", (2, 2))):
+        fixed = inputs.scatter_data(9, dtype, shape)
+        salted = inputs.scatter_data(9, dtype, shape, salt)
+        assert torch.equal(fixed[1], salted[1]) and not torch.equal(fixed[0], salted[0])
+        assert torch.equal(fixed[0], inputs.scatter_data(9, dtype, shape, 0)[0])
+        for build in (inputs.bcast_model, inputs.average_model):
+            a, b = state_arrays(build(1, dtype)), state_arrays(build(1, dtype, salt))
+            assert a.keys() == b.keys() and all(not np.array_equal(a[k], b[k]) for k in a)
+            count = int(b["bn.num_batches_tracked"])     # odd, where float32 holds even ones
+            assert count % 2 == 1 and 2 ** 24 < count < 2 ** 25
+        (x, y), (xs, ys) = inputs.sgd_batches(3, dtype), inputs.sgd_batches(3, dtype, {1: salt})
+        rows = slice(inputs.LOCAL_BATCH, 2 * inputs.LOCAL_BATCH)
+        assert not torch.equal(x[:, rows], xs[:, rows])
+        xs[:, rows], ys[:, rows] = x[:, rows], y[:, rows]
+        assert torch.equal(x, xs) and torch.equal(y, ys)
+    for case in inputs.GLOBAL:
+        for size in (2, 3):
+            sums, counts = inputs.global_inputs(case, size, dict.fromkeys(range(size), salt))
+            fixed = inputs.global_inputs(case, size, {0: 0})
+            assert fixed == tuple(inputs.GLOBAL[case][size]) and counts == fixed[1]
+            assert all((s != f) == (c > 0) and s * f >= 0
+                       for s, f, c in zip(sums, fixed[0], counts))
+            assert sum(sums) == sum(reversed(sums)) == float(np.sum(np.array(sums)[::-1]))
+
+
 # ------------------------------------------------------------------ whole notebook
 def deadlocked_submission(path):
     """The blank release with two exercises done: convergence (right) and model_averaging

@@ -5,7 +5,9 @@ rule all ranks agree on, one-shot model averaging), and what more processes buy 
 Modules:
 
 * ``checks``: the ``check_*`` functions of the notebook's CHECK cells;
-* ``probes``: what runs inside the MPI ranks those checks start (and the inputs they share);
+* ``probes``: what runs inside the MPI ranks those checks start;
+* ``inputs``: the inputs the probes give the student's functions, salted per rank
+  at grading (the judge builds the expected values from the same salts);
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
 * ``train``: the training script built from the student's files

@@ -6,6 +6,11 @@ per launch), computes its own reference, and raises
 :class:`~exercise_utils.contract.CheckFailure` (an ``AssertionError``) naming the case of the
 contract (:mod:`.requirements`) that found the problem, with a message the student can act on.
 
+Launches of 2 or more ranks are salted (``run_ranks(..., salts=salts)``: at grading and with
+``DTFS_SALT=1``): each rank's inputs (:mod:`.inputs`) derive from a number only it and the judge
+know, and the judge builds every expected value from the salts, never from a rank's report of
+its inputs. Elsewhere ``salts`` stays empty and the inputs are the fixed ones.
+
 Used in 01_mpi_parallel_sgd.
 """
 import numpy as np
@@ -15,9 +20,11 @@ from ..harness import (HANG_AFTER, assert_close, check, held_by, likely_cause, r
                        state_arrays)
 from ..integrity import VIOLATION
 from . import probes
-from .probes import (AVERAGE_CASES, BROADCAST_CASES, GLOBAL_CASES, GLOBAL_EMPTY, NO_GRAD,
-                     SCATTER_CASES, SGD_CASES, SGD_STEPS, bounds_cases, converged_cases,
-                     scatter_data, sgd_batches, sgd_model, sgd_run, trained_numel)
+from .inputs import (GLOBAL, SGD_STEPS, average_model, bcast_model, global_inputs,
+                     scatter_data, sgd_batches)
+from .probes import (AVERAGE_CASES, BROADCAST_CASES, NO_GRAD, SCATTER_CASES, SGD_CASES,
+                     bounds_cases, converged_cases, params_arrays, sgd_model, sgd_run,
+                     trained_numel)
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 TIGHT = {"float32": (1e-5, 1e-4), "float64": (1e-12, 1e-10)}   # atol, rtol per dtype: float64
@@ -67,15 +74,17 @@ def _check_bounds(cases, results):
 @check
 def check_shards(path, timeout=TIMEOUT):
     """Check ``shard_bounds`` (many sizes) and ``scatter_shards`` (world sizes 3 and 2, every
-    root, float32 and float64, one or more feature dimensions, empty shards)."""
+    root, float32 and float64, one or more feature dimensions, empty shards; the root's
+    dataset salted)."""
     [bounds] = run_ranks(path, probes.probe_bounds, 1, "none", timeout=timeout,
                          case="bounds-tile", what="shard_bounds")
     _check_bounds(bounds_cases(), bounds)
     for size, cases in SCATTER_CASES.items():
+        salts = {}           # (at grading the root's dataset derives from a number only it knows)
         shards = run_ranks(path, probes.probe_scatter, size, "mpi", {"cases": cases}, timeout,
-                           case="scatter-shard", what="scatter_shards")
+                           case="scatter-shard", what="scatter_shards", salts=salts)
         for i, (case, n, root, dtype, shape) in enumerate(cases):
-            x, y = scatter_data(n, dtype, shape)
+            x, y = scatter_data(n, dtype, shape, salts.get(root, 0))
             call = (f"scatter_shards with {size} ranks, {n} samples of shape {shape} ({dtype}), "
                     f"root={root}")
             bounds = reference_bounds(n, size)
@@ -113,12 +122,14 @@ def _check_received(call, rank, root, received, shard, size):
 def check_broadcast(path, timeout=TIMEOUT):
     """Check ``broadcast_parameters``: every rank ends with root's parameters and buffers
     (float32 and float64 models; tied, frozen, transposed and 0-d parameters; BatchNorm's
-    statistics and its int64 counter), every root, in place."""
+    statistics and its int64 counter), every root, in place. Every rank's model is salted:
+    the root's is built here from its salt, never taken from its report."""
     for size, cases in BROADCAST_CASES.items():
+        salts = {}           # (at grading each rank's model derives from a number only it knows)
         res = run_ranks(path, probes.probe_broadcast, size, "mpi", {"cases": cases}, timeout,
-                        case="bcast-values", what="broadcast_parameters")
+                        case="bcast-values", what="broadcast_parameters", salts=salts)
         for i, (case, root, dtype) in enumerate(cases):
-            root_before = res[root][i][0]
+            root_before = state_arrays(bcast_model(root, dtype, salts.get(root, 0)))
             for rank, (_, after, same) in enumerate(r[i] for r in res):
                 what = (f"after broadcast_parameters(comm, model, root={root}) with {size} ranks "
                         f"and a {dtype} model, every rank must hold rank {root}'s parameters and "
@@ -141,12 +152,14 @@ def check_broadcast(path, timeout=TIMEOUT):
 @check
 def check_allreduce_sgd(path, timeout=TIMEOUT):
     """Check ``average_gradients``: equals single-process SGD on the whole batch (float32 and
-    float64; frozen, unused, tied, transposed and 0-d parameters), one Allreduce a step."""
+    float64; frozen, unused, tied, transposed and 0-d parameters), one Allreduce a step. Each
+    rank's batches are salted (the reference and the likely causes train on the salts')."""
     for size in (2, 3):
+        salts = {}           # (at grading each rank's rows derive from a number only it knows)
         res = run_ranks(path, probes.probe_sgd, size, "mpi", timeout=timeout, case="sgd-values",
-                        what="average_gradients")
+                        what="average_gradients", salts=salts)
         for i, (case, dtype) in enumerate(SGD_CASES):
-            x, y = sgd_batches(size, dtype)
+            x, y = sgd_batches(size, dtype, salts)
             expected = sgd_run(sgd_model(dtype), x, y)
             numel = trained_numel(sgd_model(dtype))
             for rank, (state, calls, elements, none, hidden) in enumerate(r[i] for r in res):
@@ -167,8 +180,14 @@ def check_allreduce_sgd(path, timeout=TIMEOUT):
                              f"concatenated batch: average (sum / size) the gradients of every "
                              f"rank, in the gradients' own dtype", rank, atol, rtol, case=case,
                              start=state_arrays(sgd_model(dtype)), size=size,
-                             mistakes={summed(size): lambda: _scaled_sgd(dtype, size, size),
-                                       halved(size): lambda: _scaled_sgd(dtype, size, 1 / size)})
+                             mistakes=_mistakes(dtype, size, salts))
+
+
+def _mistakes(dtype, size, salts):
+    """The likely causes replayed on a mismatch: SGD on summed and on twice-divided gradients
+    (on the batches of ``salts``)."""
+    return {summed(size): lambda: _scaled_sgd(dtype, size, size, salts),
+            halved(size): lambda: _scaled_sgd(dtype, size, 1 / size, salts)}
 
 
 def summed(size):
@@ -183,11 +202,11 @@ def halved(size):
             f"the world size twice (before and after the Allreduce?). Divide the sum once.")
 
 
-def _scaled_sgd(dtype, size, factor):
+def _scaled_sgd(dtype, size, factor, salts=None):
     """Single-process SGD with the gradient multiplied by ``factor`` (``size``: a sum of
-    averages; ``1 / size``: an average divided again)."""
+    averages; ``1 / size``: an average divided again), on the batches of ``salts``."""
     model = sgd_model(dtype)
-    x, y = sgd_batches(size, dtype)
+    x, y = sgd_batches(size, dtype, salts)
 
     def scale():
         for p in model.parameters():
@@ -216,13 +235,17 @@ def _check_one_allreduce(rank, calls, elements, numel):
 def check_model_averaging(path, timeout=TIMEOUT):
     """Check ``average_weights``: every rank ends with the mean of all ranks' parameters
     (float32 and float64 models with BatchNorm buffers, frozen and tied parameters; every
-    root), in place."""
+    root), in place. Every rank's model is salted: the mean is of the models built here from
+    the salts, never of the ranks' reports."""
     for size, cases in AVERAGE_CASES.items():
+        salts = {}           # (at grading each rank's model derives from a number only it knows)
         res = run_ranks(path, probes.probe_average, size, "mpi", {"cases": cases}, timeout,
-                        case="average-values", what="average_weights")
+                        case="average-values", what="average_weights", salts=salts)
         for i, (case, root, dtype) in enumerate(cases):
             runs = [r[i] for r in res]
-            mean = {k: np.mean([before[k] for before, _, _ in runs], axis=0) for k in runs[0][0]}
+            befores = [params_arrays(average_model(r, dtype, salts.get(r, 0)))
+                       for r in range(size)]
+            mean = {k: np.mean([before[k] for before in befores], axis=0) for k in befores[0]}
             for rank, (_, after, same) in enumerate(runs):
                 atol, rtol = TIGHT[dtype]
                 assert_close(after, mean, f"after average_weights with {size} ranks (root={root}"
@@ -246,15 +269,15 @@ def reference_converged(prev_loss, loss, rel_tol):
 def check_convergence(path, timeout=TIMEOUT):
     """Check ``converged`` (first epoch, relative to the previous loss, at the tolerance,
     negative and zero losses; a bool) and ``global_loss`` (sums over counts, the same on every
-    rank, exact in float64, a rank without samples)."""
+    rank, exact in float64, a rank without samples; each rank's loss sum salted)."""
     for size in (3, 2):
+        salts = {}           # (at grading each rank's loss sum derives from a number only it knows)
         res = run_ranks(path, probes.probe_convergence, size, "mpi", timeout=timeout,
-                        case="global-value", what="global_loss / converged")
+                        case="global-value", what="global_loss / converged", salts=salts)
         for args, got in zip(converged_cases(), res[0][0]):
             _check_converged(args, got)
-        for i, (case, table) in enumerate((("global-value", GLOBAL_CASES),
-                                           ("global-empty-rank", GLOBAL_EMPTY))):
-            sums, counts = table[size]
+        for i, case in enumerate(GLOBAL):
+            sums, counts = global_inputs(case, size, salts)
             losses = [r[1][i][1] for r in res]
             expected = sum(sums) / sum(counts)
             if max(losses) - min(losses) > 1e-12 * abs(expected):

@@ -2,9 +2,13 @@
 
 Each ``probe_*(student, ctx, ...)`` is called by :func:`exercise_utils.harness.run_ranks` in a
 fresh process under ``mpiexec`` with the imported student module and ``ctx.comm``; it calls the
-student's functions on fixed inputs and returns what came out (no verdict: that is
-:mod:`.checks`). :class:`CountingComm` wraps the communicator to count every communication
-call and the elements it carried.
+student's functions on the inputs of :mod:`.inputs` and returns what came out (no verdict: that
+is :mod:`.checks`). In a launch of 2 or more ranks every input a rank is given derives from its
+own ``ctx.salt`` (at grading a number only it and the judge know; 0 elsewhere, where the inputs
+are fixed): the root's dataset, every rank's model, each rank's batches and loss sum. The other
+ranks' inputs a rank could build here are not theirs; the judge builds them from the salts.
+:class:`CountingComm` wraps the communicator to count every communication call and the
+elements it carried.
 
 Used in 01_mpi_parallel_sgd.
 """
@@ -15,6 +19,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..harness import state_arrays
+from .inputs import (GLOBAL, LOCAL_BATCH, average_model, bcast_model, edge_model,
+                     global_inputs, scatter_data, sgd_batches)
 
 # torch (and the models, which import it) are imported by the probes that use them, not here:
 # a rank of the convergence check never needs torch, and importing it costs ~2 s of CPU per
@@ -144,14 +150,6 @@ SCATTER_CASES = {
 }
 
 
-def scatter_data(n, dtype, shape):
-    """The dataset of a scatter case: x[i] holds the numbers i + 0.25, ...; y = 0, 1, ..."""
-    import torch
-    width = int(np.prod(shape)) if shape else 1
-    x = (torch.arange(n * width, dtype=torch.float64) / width + 0.25).reshape(n, *shape)
-    return x.to(getattr(torch, dtype)), torch.arange(n)
-
-
 def probe_bounds(student, ctx):
     """The student's bounds for every case of :func:`bounds_cases` (a lone process, no MPI)."""
     ctx.case("bounds-tile")
@@ -160,11 +158,11 @@ def probe_bounds(student, ctx):
 
 def probe_scatter(student, ctx, cases):
     """For each scatter case: this rank's shard (arrays, types, dtypes) and the elements it
-    received."""
+    received. The root's dataset derives from its salt."""
     shards = []
     for case, n, root, dtype, shape in cases:
         ctx.case(case)
-        x, y = scatter_data(n, dtype, shape) if ctx.rank == root else (None, None)
+        x, y = scatter_data(n, dtype, shape, ctx.salt) if ctx.rank == root else (None, None)
         comm = ReceiveCounter(ctx.comm)
         xs, ys = student.scatter_shards(comm, x, y, root=root)
         shards.append({"x": np.asarray(xs), "y": np.asarray(ys), "received": comm.received,
@@ -181,26 +179,6 @@ def _kind(value):
 
 
 # ---------------------------------------------------------------- broadcast
-BIG_COUNT = 2 ** 24 + 1     # float32 cannot hold it: an integer buffer sent as float32 changes
-
-
-def edge_model(seed, dtype="float32", batches=1):
-    """An :class:`~exercise_utils.models.EdgeNet` from ``seed`` (tied, frozen, unused,
-    transposed and 0-d parameters, BatchNorm buffers) with ``batches`` forward passes of
-    running statistics behind it, and the frozen parameter and the integer buffer
-    rank-specific too."""
-    import torch
-    from ..models import EdgeNet
-    torch.manual_seed(seed)
-    model = EdgeNet(dtype=getattr(torch, dtype))
-    for _ in range(batches):
-        model(torch.randn(8, 6, dtype=getattr(torch, dtype)))
-    with torch.no_grad():
-        model.frozen.add_(seed % 7 / 10)
-        model.bn.num_batches_tracked.fill_(BIG_COUNT + 2 * seed)    # odd: float32 rounds it
-    return model
-
-
 # per world size: (case, root, dtype) of each broadcast
 BROADCAST_CASES = {3: [("bcast-values", 0, "float32"), ("bcast-root", 2, "float32"),
                        ("bcast-float64", 0, "float64")],
@@ -209,11 +187,12 @@ BROADCAST_CASES = {3: [("bcast-values", 0, "float32"), ("bcast-root", 2, "float3
 
 def probe_broadcast(student, ctx, cases):
     """For each case: this rank's state before and after, and whether every tensor of the
-    state_dict is still the same memory (updated in place)."""
+    state_dict is still the same memory (updated in place). Every rank's model derives from
+    its salt (the judge builds the root's)."""
     out = []
     for case, root, dtype in cases:
         ctx.case(case)
-        model = edge_model(100 + ctx.rank, dtype, batches=ctx.rank + 1)
+        model = bcast_model(ctx.rank, dtype, ctx.salt)
         before = state_arrays(model)
         ptrs = [t.data_ptr() for t in model.state_dict().values()]
         student.broadcast_parameters(ctx.comm, model, root=root)
@@ -223,7 +202,7 @@ def probe_broadcast(student, ctx, cases):
 
 
 # ---------------------------------------------------------------- gradient averaging
-SGD_STEPS, LOCAL_BATCH, LR, DECAY = 4, 4, 0.05, 0.01
+LR, DECAY = 0.05, 0.01
 SGD_CASES = (("sgd-values", "float32"), ("sgd-float64", "float64"))
 NO_GRAD = ["frozen", "unused.weight", "unused.bias"]   # EdgeNet's parameters without gradient
 
@@ -234,14 +213,6 @@ def sgd_model(dtype="float32"):
     of the combined batch)."""
     model = edge_model(0, dtype)
     return model.eval()
-
-
-def sgd_batches(size, dtype="float32"):
-    import torch
-    g = torch.Generator().manual_seed(1234)
-    x = torch.randn(SGD_STEPS, LOCAL_BATCH * size, 6, generator=g, dtype=getattr(torch, dtype))
-    y = torch.randint(0, 4, (SGD_STEPS, LOCAL_BATCH * size), generator=g)
-    return x, y
 
 
 def sgd_run(model, x, y, after_backward=None):
@@ -287,13 +258,14 @@ def world_counted(student):
 def probe_sgd(student, ctx):
     """For each of :data:`SGD_CASES`: the state after SGD, the calls and elements on the given
     communicator, the parameters left without a gradient after the first call, and the calls
-    made through ``MPI.COMM_WORLD`` directly (outside the check's sight otherwise)."""
+    made through ``MPI.COMM_WORLD`` directly (outside the check's sight otherwise). This rank's
+    rows of the batches derive from its salt (the other ranks' rows in ``x`` are not theirs)."""
     out = []
     part = slice(ctx.rank * LOCAL_BATCH, (ctx.rank + 1) * LOCAL_BATCH)
     for case, dtype in SGD_CASES:
         ctx.case(case)
         model, comm, none = sgd_model(dtype), CountingComm(ctx.comm), []
-        x, y = sgd_batches(ctx.size, dtype)
+        x, y = sgd_batches(ctx.size, dtype, {ctx.rank: ctx.salt})
 
         def average():
             student.average_gradients(comm, model)
@@ -313,11 +285,12 @@ AVERAGE_CASES = {3: [("average-values", 0, "float32"), ("average-root", 2, "floa
 
 def probe_average(student, ctx, cases):
     """For each case: this rank's parameters before and after, and whether every tensor of the
-    state_dict is still the same memory."""
+    state_dict is still the same memory. Every rank's model derives from its salt (the judge
+    builds them all)."""
     out = []
     for case, root, dtype in cases:
         ctx.case(case)
-        model = edge_model(7 + ctx.rank, dtype, batches=ctx.rank + 1)
+        model = average_model(ctx.rank, dtype, ctx.salt)
         before = params_arrays(model)
         ptrs = [t.data_ptr() for t in model.state_dict().values()]
         student.average_weights(ctx.comm, model, root=root)
@@ -350,15 +323,10 @@ def converged_cases():
     return cases
 
 
-# per world size: each rank's (loss_sum, count); a rank with no samples, big and negative sums
-GLOBAL_CASES = {3: [[3.0, 10.0, 1.0], [10, 20, 5]],
-                2: [[123456.789, -0.5], [3, 7]]}
-GLOBAL_EMPTY = {3: [[2.5, 0.0, 7.25], [5, 0, 9]], 2: [[0.0, 1e-3], [0, 1]]}
-
-
 def probe_convergence(student, ctx):
     """Rank 0: ``converged`` on every case (the value, or what it raised). Every rank: what
-    ``global_loss`` returned for this rank's share of each case (value and type)."""
+    ``global_loss`` returned for this rank's share of each case (value and type); its loss sum
+    derives from its salt."""
     ctx.case("converged-rule")
     decisions = []
     if ctx.rank == 0:
@@ -369,9 +337,9 @@ def probe_convergence(student, ctx):
             except Exception as exc:  # noqa: BLE001 - reported per case, not as a crash
                 decisions.append({"raised": f"{type(exc).__name__}: {exc}"})
     losses = []
-    for case, table in (("global-value", GLOBAL_CASES), ("global-empty-rank", GLOBAL_EMPTY)):
+    for case in GLOBAL:
         ctx.case(case)
-        sums, counts = table[ctx.size]
+        sums, counts = global_inputs(case, ctx.size, {ctx.rank: ctx.salt})
         got = student.global_loss(ctx.comm, sums[ctx.rank], counts[ctx.rank])
         losses.append([type(got).__name__, float(got)])
     return decisions, losses
