@@ -123,7 +123,8 @@ def _run_ranks(path, probe, world_size, backend, kwargs, timeout, what, limit, w
             copies = [copy] * world_size
             kwfiles = [Path(tmp) / "kwargs.pkl"] * world_size
         keys = integrity.make_secrets(folders)
-        if salts is not None and world_size > 1 and (pool is not None or salting()):
+        if salts is not None and world_size > 1 and (salting() or (
+                pool is not None and os.environ.get(SALT) != "0")):
             salts.update(_give_salts(folders))
         common = ["--probe", probe, "--backend", backend, "--timeout", str(limit),
                   *(["--warm-up"] if warm_up else [])]
@@ -338,7 +339,8 @@ SALT = "DTFS_SALT"          # "1": salts outside grading too (tests); "0": never
 
 def salting():
     """Whether launches that ask for salts (``salts=``) get them: at grading (a sandbox
-    policy) or with ``DTFS_SALT=1``, not with ``DTFS_SALT=0``; always on hosts."""
+    policy) or with ``DTFS_SALT=1``, not with ``DTFS_SALT=0``; on hosts unless
+    ``DTFS_SALT=0``."""
     wanted = os.environ.get(SALT)
     return wanted == "1" or (wanted != "0" and sandbox.policy() is not None)
 

@@ -3,8 +3,9 @@ break) and the correct files written differently from the solution (accepted).
 
 The wrong files are generated from the solution, one flaw each (``tests/wrong/NN_flaws.py``,
 see ``tests/flaws.py``); the right files are whole files, ``tests/right/NN_<exercise>_*.py``,
-written from the release notebook alone. The solution itself is proven by the autograde test
-of each notebook (every CHECK cell passes).
+written from the release notebook alone, and judged as at grading (on hosts: salted, the
+wire observed) where network namespaces can be made. The solution itself is proven by the
+autograde test of each notebook (every CHECK cell passes, graded as instructors grade).
 """
 from pathlib import Path
 
@@ -56,7 +57,13 @@ def right_files():
 
 @pytest.mark.parametrize("number,exercise,path", right_files(),
                          ids=[p.stem for _, _, p in right_files()])
-def test_check_accepts_right_file(number, exercise, path):
+def test_check_accepts_right_file(monkeypatch, number, exercise, path):
+    """Judged as at grading: the inputs salted (``DTFS_SALT=1``: each rank's from a number
+    only it and the judge know) and, where network namespaces can be made (root), every rank
+    on a host of its own (``DTFS_OBSERVE=1``), the bytes on the links judged against the
+    envelopes of the checks that observe them (tests/test_wire.py)."""
     assert exercise, f"{path.name}: its name starts with no exercise of notebook {number}"
+    monkeypatch.setenv(harness.OBSERVE, "1")
+    monkeypatch.setenv(harness.SALT, "1")
     check, _ = flaws.checker(number, exercise)
     check(path)
