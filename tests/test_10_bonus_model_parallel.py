@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exercise_utils import cluster
-from exercise_utils.bonus_model_parallel import bench, checks, checks_pp, nets, network, probes_pp
+from exercise_utils.bonus_model_parallel import (bench, checks, checks_pp, nets, network, orders,
+                                                 probes_pp)
 from exercise_utils.notebook_files import extract_writefiles
 from grading import assert_release_regions_in_function_bodies, autograde_solution_and_blank
 
@@ -54,7 +55,7 @@ def test_the_judges_orders_meet_the_rules_and_the_solutions_equal_them(solution,
     """Each judge's order passes the rules check_schedules applies (every op once, F j before B
     j, at most p - stage in flight for 1F1B), and the solution returns exactly it."""
     p, m, s = case
-    want = nets.ORDERS[sched](p, m, s)
+    want = orders.ORDERS[sched](p, m, s)
     assert checks_pp._first_wrong(sched, want, p, m, s) is None
     assert sorted(want) == sorted([(k, j) for k in "FB" for j in range(m)])
     in_flight, peak = 0, 0
@@ -73,7 +74,7 @@ def test_the_rules_leave_one_order(case, sched, data):
     no later than the first where it differs: the rules alone decide, and the message points
     at the right place."""
     p, m, s = case
-    want = nets.ORDERS[sched](p, m, s)
+    want = orders.ORDERS[sched](p, m, s)
     other = data.draw(st.permutations(want))
     if data.draw(st.booleans()):
         i = data.draw(st.integers(0, len(other) - 1))

@@ -17,6 +17,8 @@ Modules:
   ranks of ``check_pipeline`` (every point-to-point message recorded, a message to a stage that
   is not a neighbour stopped before it is made, the order of the stage's forwards and
   backwards logged);
+* ``wire``: what the tensor- and pipeline-parallel launches may put on the wire (the judge's:
+  hidden at grading);
 * ``requirements``: the contract, clause by clause, with the check cases that hold it;
 * ``bench``: the bubble of GPipe and 1F1B, their activation memory, and your tensor-parallel
   MLP and 1F1B pipeline against torch's ``ColwiseParallel`` / ``RowwiseParallel`` and

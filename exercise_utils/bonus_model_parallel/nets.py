@@ -27,6 +27,13 @@ BLOCKS = (("mlp-float64", "mlp", "float64", False),
           ("attention-float64", "attention", "float64", False),
           ("attention-float32", "attention", "float32", False),
           ("causal-attention-float64", "attention", "float64", True))
+# Where links are observed (:func:`exercise_utils.harness.observing`): two float64 blocks more on
+# a wide input of WIRE_ROWS (batch, sequence), so that what their all-reduces put on the wire
+# stands far above the set-up and the headers of the small blocks' calls (the judge's bound:
+# :mod:`.wire`).
+WIRE_BLOCKS = (("mlp-wire-float64", "mlp", "float64", False),
+               ("attention-wire-float64", "attention", "float64", False))
+WIRE_ROWS = (32, 64)
 SEED = {"mlp": 1010, "attention": 2020}
 # After the wrapping every rank multiplies every parameter of its parallel block by SCALE (the
 # judge's reference its whole block): a rank that computes with a copy of the block kept aside
@@ -73,13 +80,23 @@ class RefAttention(nn.Module):
         return self.o(y)
 
 
+def blocks(wire=False):
+    """The blocks a launch runs: :data:`BLOCKS` (``wire``: and :data:`WIRE_BLOCKS`)."""
+    return BLOCKS + (WIRE_BLOCKS if wire else ())
+
+
+def rows_of(name):
+    """``(batch, sequence)`` of block ``name``'s input."""
+    return WIRE_ROWS if name in dict((b[0], b) for b in WIRE_BLOCKS) else (BATCH, SEQ)
+
+
 def _draw(gen, shape, fan_in):
     return torch.randn(shape, generator=gen, dtype=torch.float64) / math.sqrt(fan_in)
 
 
-def build(kind, dtype, causal, salts, public):
+def build(kind, dtype, causal, salts, public, rows=(BATCH, SEQ)):
     """``(block, x, upstream)``: the reference block (biases included, none zero), the input
-    ``x`` (``(BATCH, SEQ, D_MODEL)``, requires grad) and the upstream gradient the backward pass
+    ``x`` (``(*rows, D_MODEL)``, requires grad) and the upstream gradient the backward pass
     starts from (the loss is ``(block(x) * upstream).sum()``), all of ``dtype``.
 
     Each parameter a rank holds a part of (``PARAMS``: "rows" or "cols" of ``len(salts)``
@@ -108,16 +125,16 @@ def build(kind, dtype, causal, salts, public):
                 part.copy_(_draw(salted_generator(seed + 10 * i + 1000 * (q + 1), salts[q]),
                                  part.shape, fan_in))
     gen = salted_generator(seed, public)
-    shape = (BATCH * SEQ, D_MODEL) if kind == "mlp" and causal else (BATCH, SEQ, D_MODEL)
+    shape = (rows[0] * rows[1], D_MODEL) if kind == "mlp" and causal else (*rows, D_MODEL)
     x = torch.randn(shape, generator=gen, dtype=torch.float64).to(dt)
     upstream = torch.randn(shape, generator=gen, dtype=torch.float64).to(dt)
     return block, x.requires_grad_(True), upstream
 
 
-def reference(kind, dtype, causal, salts, public):
+def reference(kind, dtype, causal, salts, public, rows=(BATCH, SEQ)):
     """The judge's one-process values (every rank's number: the true block, :func:`build`):
     ``{"out", "x_grad", "grads": {name: full gradient}}`` as float64 numpy arrays."""
-    block, x, upstream = build(kind, dtype, causal, salts, public)
+    block, x, upstream = build(kind, dtype, causal, salts, public, rows)
     with torch.no_grad():
         for q in block.parameters():
             q.mul_(SCALE)
@@ -151,6 +168,15 @@ PP_SEED = 3030
 PP_RUNS = tuple((f"{sched}-m{m}-{dtype}", dtype, sched, m, 8 if m <= 2 else 10)
                 for dtype in ("float64", "float32") for sched in ("gpipe", "1f1b")
                 for m in (1, 2, 3, 4))
+# Where links are observed (:func:`exercise_utils.harness.observing`): one run more on a wide
+# batch, so that what its messages put on each link stands far above the set-up and headers
+# (the judge's bound: :mod:`.wire`).
+PP_WIRE_RUNS = (("1f1b-m4-float64-wide", "float64", "1f1b", 4, 2048),)
+
+
+def pp_runs(wire=False):
+    """The runs of a pipeline launch: :data:`PP_RUNS` (``wire``: and :data:`PP_WIRE_RUNS`)."""
+    return PP_RUNS + (PP_WIRE_RUNS if wire else ())
 
 
 def pp_owner(layer, p):

@@ -26,8 +26,9 @@ def one_f_one_b_ref(p, m, s):
 ORDERS = {"gpipe": gpipe_ref, "1f1b": one_f_one_b_ref}
 
 
-def stage_orders(size):
+def stage_orders(size, runs=PP_RUNS):
     """``{run name: [the order of stage s, as lists, for s in range(size)]}`` for every run of
-    :data:`.nets.PP_RUNS`: what the pipeline probe hands each stage's ``pipeline_step``."""
+    ``runs`` (:func:`.nets.pp_runs`): what the pipeline probe hands each stage's
+    ``pipeline_step``."""
     return {name: [[list(op) for op in ORDERS[sched](size, m, s)] for s in range(size)]
-            for name, _, sched, m, _ in PP_RUNS}
+            for name, _, sched, m, _ in runs}

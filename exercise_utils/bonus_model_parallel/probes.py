@@ -4,7 +4,8 @@
 Rank 0's salt (``ctx.salt``; 0 when unsalted) reaches the other ranks by one broadcast made
 before the recorder is installed: tensor parallelism needs the same weights and input on every
 rank. For every block of :data:`.nets.BLOCKS` (MLP, attention, causal attention; float64 and
-float32), each part named with ``ctx.case`` before it runs: the judge's reference block
+float32; where links are observed :data:`.nets.WIRE_BLOCKS` too, on a wide input), each part
+named with ``ctx.case`` before it runs: the judge's reference block
 (:func:`.nets.build`) is wrapped with the student's ``ParallelMLP.from_mlp`` /
 ``ParallelAttention.from_attention``, run forward on ``x`` (which requires grad) and backward
 from ``(out * upstream).sum()``; the collectives of the forward and of the backward are
@@ -19,7 +20,7 @@ import torch.distributed as dist
 
 from ..rankworker import not_implemented
 from ..recorder import Recorder
-from .nets import BLOCKS, PARAMS, SCALE, build
+from .nets import PARAMS, SCALE, blocks, build, rows_of
 
 
 def _attr(module, dotted):
@@ -30,8 +31,8 @@ def _attr(module, dotted):
     return module
 
 
-def _run_block(student, rec, kind, dtype, causal, salts, public):
-    block, x, upstream = build(kind, dtype, causal, salts, public)
+def _run_block(student, rec, kind, dtype, causal, salts, public, rows):
+    block, x, upstream = build(kind, dtype, causal, salts, public, rows)
     before = {k: v.clone() for k, v in block.state_dict().items()}
     if kind == "mlp":
         par = student.ParallelMLP.from_mlp(block)
@@ -139,9 +140,10 @@ def _layers(student, size):
     return out
 
 
-def probe(student, ctx, blocks=None):
-    """``{"salt0": rank 0's salt, "blocks": {name: result}, "hidden": [...]}``; a block whose
-    code still raises NotImplementedError gives ``{"todo": function}``."""
+def probe(student, ctx, only=None, wire=False):
+    """``{"salt0": rank 0's salt, "blocks": {name: result}, "hidden": [...]}`` for the blocks
+    of :func:`.nets.blocks` (``wire``: the wide ones too; ``only``: these names only); a block
+    whose code still raises NotImplementedError gives ``{"todo": function}``."""
     torch.set_num_threads(1)     # 2-3 ranks on 2 cores, small tensors
     salt = torch.tensor([getattr(ctx, "salt", 0) if ctx.rank == 0 else 0], dtype=torch.int64)
     dist.broadcast(salt, src=0)
@@ -164,12 +166,13 @@ def probe(student, ctx, blocks=None):
         except NotImplementedError as exc:
             results["layers"] = not_implemented(student, exc)
         rec.take()
-        for name, kind, dtype, causal in BLOCKS:
-            if blocks is not None and name not in blocks:
+        for name, kind, dtype, causal in blocks(wire):
+            if only is not None and name not in only:
                 continue
             ctx.case("tp-mlp-values" if kind == "mlp" else "tp-attention-values")
             try:
-                results[name] = _run_block(student, rec, kind, dtype, causal, mine, salt0)
+                results[name] = _run_block(student, rec, kind, dtype, causal, mine, salt0,
+                                           rows_of(name))
             except NotImplementedError as exc:
                 results[name] = not_implemented(student, exc)
         hidden = rec.take_hidden()

@@ -7,7 +7,7 @@
   its own stage's layers, from its own salt (``ctx.salt``: at grading a number only it and the
   judge know; 0 otherwise), and stage 0 the input, the last stage the target, from theirs
   (:func:`.nets.pp_stack`): no stage can rebuild another's weights or data. For every run of
-  :data:`.nets.PP_RUNS` rank ``s`` builds stage ``s`` of the judge's stack (:func:`.nets.pp_stack`,
+  :func:`.nets.pp_runs` rank ``s`` builds stage ``s`` of the judge's stack (:func:`.nets.pp_stack`,
   :func:`.nets.pp_stage`), takes the judge's own order (given as the probe's arguments by
   :func:`.checks_pp.stage_orders`, which no rank can import: the student's order functions
   are checked by :func:`probe_schedules`, not here) and calls the student's
@@ -27,7 +27,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from .. import pgwatch
 from ..rankworker import not_implemented
-from .nets import PP_RUNS, pp_stack, pp_stage
+from .nets import pp_runs, pp_stack, pp_stage
 
 P2P = ("send", "recv", "isend", "irecv")
 SENDS = ("send", "isend")
@@ -263,18 +263,19 @@ def _grads(stage):
             for q in stage.parameters()]
 
 
-def probe_pipeline(student, ctx, orders, runs=None):
-    """``{"runs": {name: result}}`` for every run of :data:`.nets.PP_RUNS` (``orders``: the
-    judge's order of every stage in each, by run name); a result holds, for each of the
-    two calls of ``pipeline_step``, ``{"loss", "grads", "calls"}``; a run whose code still
-    raises NotImplementedError gives ``{"todo": function}``."""
+def probe_pipeline(student, ctx, orders, runs=None, wire=False):
+    """``{"runs": {name: result}}`` for every run of :func:`.nets.pp_runs` (``wire``: the wide
+    one too; ``runs``: these names only; ``orders``: the judge's order of every stage in each,
+    by run name); a result holds, for each of the two calls of ``pipeline_step``, ``{"loss",
+    "grads", "calls"}``; a run whose code still raises NotImplementedError gives ``{"todo":
+    function}``."""
     torch.set_num_threads(1)
     p, s = ctx.size, ctx.rank
     salts = [getattr(ctx, "salt", 0) if r == s else None for r in range(p)]
     peers = {r for r in (s - 1, s + 1) if 0 <= r < p}
     results = {}
     with _Recording(student, peers) as rec:
-        for name, dtype, sched, m, batch in PP_RUNS:
+        for name, dtype, sched, m, batch in pp_runs(wire):
             if runs is not None and name not in runs:
                 continue
             ctx.case("pp-values")

@@ -47,14 +47,14 @@ CONTRACT = {
         Clause("mlp-one-plus-one", "returns ``(..., d)``, the full MLP output, the same on "
                "every rank, with exactly one ``dist.all_reduce`` in the forward (g) and one in "
                "the backward (f, on the gradient of ``x``).",
-               cases=("tp-collectives", "tp-mlp-values")),
+               cases=("tp-collectives", "tp-mlp-values", "tp-wire")),
         Clause("heads-split", "rank ``r`` computes heads ``[r*H/N, (r+1)*H/N)``: q, k and v "
                "are column-parallel (their rows ``[r*d/N, (r+1)*d/N)`` are exactly those "
                "heads' features), o is row-parallel, and ``n_heads`` is the LOCAL head count "
                "``H/N``.", cases=("tp-attention-values",)),
         Clause("attention-one-plus-one", "with one ``dist.all_reduce`` in the forward (in o) "
                "and one in the backward (f, shared by q, k and v: they read the same "
-               "``f(x)``).", cases=("tp-collectives",)),
+               "``f(x)``).", cases=("tp-collectives", "tp-wire")),
         Clause("float64", "the judge's own MLP and attention blocks (float64 and float32; the "
                "MLP also on a 2-D input, attention also causal)",
                cases=("tp-layers", "tp-mlp-values", "tp-attention-values")),
@@ -76,11 +76,11 @@ CONTRACT = {
         Clause("order", "it runs the ops of ``order`` in that order", cases=("pp-order",)),
         Clause("neighbours", "receives activations from rank ``s-1`` and sends its outputs to "
                "rank ``s+1`` (and gradients the other way), nothing else.",
-               cases=("pp-messages",)),
+               cases=("pp-messages", "pp-wire")),
         Clause("messages", "only point-to-point messages and only with the neighbouring stages "
                "(per micro-batch its activation in one message, after at most one header, "
                "forward, and its gradient in one message back; nothing else, no collective)",
-               cases=("pp-messages",)),
+               cases=("pp-messages", "pp-wire")),
         Clause("loss-scaling", "The last stage back-propagates ``loss_fn(out_j, tgt_j) * n_j / "
                "n`` for micro-batch ``j`` of ``n_j`` of the ``n`` samples, so that the gradients "
                "are the whole batch's (also when the micro-batches are uneven).",

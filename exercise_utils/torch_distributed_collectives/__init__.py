@@ -9,6 +9,7 @@ Modules:
 * ``checks_batchnorm``: ``check_sync_batchnorm``;
 * ``checks_ring``: ``check_ring_allreduce``;
 * ``probes``, ``probes_ring``, ``probes_batchnorm``: what runs inside the ranks those checks start;
+* ``wire``: what the averaging and SyncBatchNorm launches may put on the wire (the judge's);
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
 * ``bench``: the student's ring all-reduce against ``dist.all_reduce`` (a torchrun script);

@@ -7,9 +7,11 @@ launch), compare with a reference computed here, and raise
 contract (:mod:`.requirements`) that found the problem, with a message the student can act on.
 ``check_average_gradients`` compares SGD with the student's averaging on unequal local batches
 with single-process SGD on the concatenated batches; with 3 ranks also inside process groups of
-non-consecutive ranks, whose results must cover their own ranks only. The ring all-reduce's
-checker is :mod:`.checks_ring`, the SyncBatchNorm's :mod:`.checks_batchnorm` (its
-``check_sync_batchnorm`` is imported here, where the notebook's CHECK cell finds it).
+non-consecutive ranks, whose results must cover their own ranks only; where links are observed
+(grading) all links together must carry what its all_reduces put there (``avg-wire``,
+:mod:`.wire`). The ring all-reduce's checker is :mod:`.checks_ring`, the SyncBatchNorm's
+:mod:`.checks_batchnorm` (its ``check_sync_batchnorm`` is imported here, where the notebook's
+CHECK cell finds it).
 
 Used in 03_torch_distributed_collectives.
 """
@@ -18,11 +20,12 @@ import math
 import numpy as np
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, check, run_ranks
+from ..harness import HANG_AFTER, assert_close, check, observing, run_ranks
 from . import probes
 from .checks_batchnorm import check_sync_batchnorm  # noqa: F401 - the CHECK cell imports it here
 from .probes import (AVG_GROUP_SPLIT, AVG_GROUPS, LABEL_CASES, PARTITIONER_CASES, avg_batches,
                      avg_cases, avg_model, avg_run, group_rows, rows, size_cases)
+from .wire import check_avg_wire
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 
@@ -248,17 +251,24 @@ def check_average_gradients(path, timeout=TIMEOUT):
     batches equals single-process SGD on the concatenated batches, on FrozenTiedNet, on EdgeNet
     (frozen, unused, tied, transposed and 0-d parameters) in float32 and float64, with a rank
     that holds no sample in a step, and (3 ranks) inside process groups of non-consecutive
-    ranks (``group=``), each averaging over its own ranks."""
+    ranks (``group=``), each averaging over its own ranks. Where links are observed (grading)
+    with a wide model more, and all links together must carry what the all_reduces put there
+    (``avg-wire``, :mod:`.wire`: right files measured 1.08 to 1.22 times the least, 0.78 to
+    0.87 of the most; every rank's gradient gathered beside the all_reduces, 1.9 times it)."""
+    observed = observing()
     for size in (3, 2):      # 3 first: every case runs there (a group too)
-        salts = {}           # (at grading each rank's rows derive from a number only it knows)
-        out = run_ranks(path, probes.probe_average_gradients, size, "gloo", timeout=timeout,
-                        case="avg-values", what="average_gradients", salts=salts)
-        for i, (case, kind, dtype, splits, grouped) in enumerate(avg_cases(size)):
+        salts, links = {}, {}    # (at grading each rank's rows derive from a number only it knows)
+        out = run_ranks(path, probes.probe_average_gradients, size, "gloo", {"wire": observed},
+                        timeout=timeout, case="avg-values", what="average_gradients",
+                        salts=salts, links=links)
+        cases = avg_cases(size, observed)
+        for i, (case, kind, dtype, splits, grouped) in enumerate(cases):
             got = [r[i] for r in out]
             if grouped:
                 _check_avg_groups(got, size, salts)
             else:
                 _check_avg_case(case, kind, dtype, splits, got, list(range(size)), salts=salts)
+        check_avg_wire(links, size, cases)
 
 
 def _check_avg_case(case, kind, dtype, splits, got, ranks, where=None, salts=None):
@@ -267,7 +277,7 @@ def _check_avg_case(case, kind, dtype, splits, got, ranks, where=None, salts=Non
     batches = avg_batches(splits, kind, dtype, salts)
     ref_grads, ref_state = avg_run(avg_model(kind, dtype), batches, group_rows(splits, ranks))
     sizes = [[s[r] for r in ranks] for s in splits]
-    model = "FrozenTiedNet" if kind == "tied" else "EdgeNet (eval mode)"
+    model = {"tied": "FrozenTiedNet", "edge": "EdgeNet (eval mode)"}.get(kind, f"a wide {kind}")
     where = where or f"{len(ranks)} ranks"
     call = f"average_gradients on a {dtype} {model} with {where} and local batch sizes {sizes}"
     for rank, r in zip(ranks, got):

@@ -7,6 +7,8 @@ compares outputs, input and parameter gradients, running statistics and eval-mod
 one ``nn.BatchNorm`` on the concatenated batch. On the baseline each aspect has its own case
 (``bn-output``, ``bn-backward``, ``bn-running``, ``bn-eval``); on any other input whatever fails
 is charged to that input's case (``bn-spatial``, ``bn-float64``, ...), see :mod:`.requirements`.
+Where links are observed (grading) all links together must carry what the statistics'
+all_reduces put there (``bn-wire``, :mod:`.wire`), whatever the ranks do in their own memory.
 
 Used in 03_torch_distributed_collectives.
 """
@@ -14,9 +16,10 @@ import numpy as np
 import torch
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, check, run_ranks
+from ..harness import HANG_AFTER, assert_close, check, observing, run_ranks
 from . import probes_batchnorm
 from .probes_batchnorm import BN_STEPS, bn_cases, bn_data, bn_layer, bn_rows, bn_run
+from .wire import check_bn_wire
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 
@@ -184,13 +187,18 @@ def check_sync_batchnorm(path, timeout=TIMEOUT):
     a time (:func:`.probes_batchnorm.bn_cases`): (N, C, L) and (N, C, H, W) inputs, momentum
     None and 0.3, float64, an empty local batch, a channel whose variance is about eps, a
     layer without affine parameters or running statistics, and (3 ranks) process groups of
-    non-consecutive ranks."""
+    non-consecutive ranks. Where links are observed (grading) with large local batches more
+    (:data:`.probes_batchnorm.BN_WIRE`), and all links together must carry what the
+    statistics' all_reduces put there, never the batch (``bn-wire``, :mod:`.wire`: right files
+    measured 0.16 to 0.41 of the most; the large batch gathered, 8.6 times it)."""
+    observed = observing()
     for size in (3, 2):      # 3 first: every case runs there (a group too)
-        salts = {}           # (at grading each rank's rows derive from a number only it knows)
+        salts, links = {}, {}    # (at grading each rank's rows derive from a number only it knows)
         res = run_ranks(path, probes_batchnorm.probe_sync_batchnorm, size, "gloo",
-                        timeout=timeout, case="bn-output", what="DistributedBatchNorm",
-                        salts=salts)
-        for i, case in enumerate(bn_cases(size)):
+                        {"wire": observed}, timeout=timeout, case="bn-output",
+                        what="DistributedBatchNorm", salts=salts, links=links)
+        cases = bn_cases(size, observed)
+        for i, case in enumerate(cases):
             got = [r[i] for r in res]
             if case.get("group"):
                 _check_bn_groups(case, got, size, salts)
@@ -199,3 +207,4 @@ def check_sync_batchnorm(path, timeout=TIMEOUT):
             ranks = list(range(size))
             _check_bn_case(case, steps, x_eval, got, ranks, _bn_where(case, f"{size} ranks"),
                            bn_rows(case["sizes"], ranks))
+        check_bn_wire(links, size, cases)

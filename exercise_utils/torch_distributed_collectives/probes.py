@@ -193,28 +193,38 @@ AVG_LR, AVG_MOMENTUM = 0.1, 0.9
 # alone), with these local batch sizes: each group averages over its own ranks only.
 AVG_GROUPS = {3: [[0, 2], [1]]}
 AVG_GROUP_SPLIT = [4, 2, 5]
+# Where links are observed (:func:`exercise_utils.harness.observing`): one step more on a wide
+# FrozenTiedNet (WIDE features: a 1 MB gradient), so that what the all_reduces put on the wire
+# stands far above the set-up and the headers of the many small calls (the judge's bound:
+# :mod:`.wire`).
+WIDE = 512
+AVG_WIRE_SPLIT = {2: [[5, 3]], 3: [[4, 2, 5]]}
+FEATURES = {"tied": (12, 3), "edge": (6, 4), "wide": (WIDE, 3)}     # (inputs, classes)
 
 
-def avg_cases(size):
+def avg_cases(size, wire=False):
     """``(case, model, dtype, splits, grouped)`` run in one launch with ``size`` ranks: the
     baseline (FrozenTiedNet: a frozen and a tied parameter), then one dimension changed at a
-    time: EdgeNet (frozen, unused, tied, transposed and 0-d parameters), float64, process groups
-    of non-consecutive ranks, a rank without samples (last: a rank that skips the all_reduce
-    leaves the others waiting)."""
+    time: EdgeNet (frozen, unused, tied, transposed and 0-d parameters), float64, (``wire``:
+    the wide FrozenTiedNet), process groups of non-consecutive ranks, a rank without samples
+    (last: a rank that skips the all_reduce leaves the others waiting)."""
     cases = [("avg-values", "tied", "float32", AVG_SPLITS[size], False),
              ("avg-model", "edge", "float32", AVG_SPLITS[size], False),
              ("avg-float64", "edge", "float64", AVG_SPLITS[size], False)]
+    if wire:
+        cases.append(("avg-model", "wide", "float32", AVG_WIRE_SPLIT[size], False))
     if size in AVG_GROUPS:
         cases.append(("avg-group", "tied", "float32", [AVG_GROUP_SPLIT], True))
     return cases + [("avg-empty-rank", "tied", "float32", AVG_EMPTY[size], False)]
 
 
 def avg_model(kind="tied", dtype="float32"):
-    """The replica every rank starts from: FrozenTiedNet, or EdgeNet in eval mode (BatchNorm on
-    its running statistics, so that the weighted average is the global batch's gradient)."""
+    """The replica every rank starts from: FrozenTiedNet (``wide``: of :data:`WIDE` features),
+    or EdgeNet in eval mode (BatchNorm on its running statistics, so that the weighted average
+    is the global batch's gradient)."""
     torch.manual_seed(0)
-    if kind == "tied":
-        return FrozenTiedNet().to(getattr(torch, dtype))
+    if kind in ("tied", "wide"):
+        return FrozenTiedNet(FEATURES[kind][0]).to(getattr(torch, dtype))
     return EdgeNet(dtype=getattr(torch, dtype)).eval()
 
 
@@ -224,7 +234,7 @@ def avg_batches(splits, kind="tied", dtype="float32", salts=None):
     salt}``, 0 for a rank not in it). A rank is given only its own salt (``ctx.salt``; at
     grading a number no other rank can read): the other ranks' rows it draws are not theirs,
     and only the judge draws them all."""
-    features, classes = (12, 3) if kind == "tied" else (6, 4)
+    features, classes = FEATURES[kind]
     out = []
     for step, sizes in enumerate(splits):
         xs, ys = [], []
@@ -284,11 +294,12 @@ def _my_group(ctx, groups):
     return next(grp for grp, g in zip(made, groups) if ctx.rank in g)
 
 
-def probe_average_gradients(student, ctx):
-    """Every case of :func:`avg_cases`: SGD on this rank's rows with the student's averaging
-    after each backward. Returns per case the step-1 gradients and the final state."""
+def probe_average_gradients(student, ctx, wire=False):
+    """Every case of :func:`avg_cases` (``wire``: the wide model's too): SGD on this rank's
+    rows with the student's averaging after each backward. Returns per case the step-1
+    gradients and the final state."""
     out = []
-    for case, kind, dtype, splits, grouped in avg_cases(ctx.size):
+    for case, kind, dtype, splits, grouped in avg_cases(ctx.size, wire):
         ctx.case(case)
         group = _my_group(ctx, AVG_GROUPS[ctx.size]) if grouped else None
         model = avg_model(kind, dtype)

@@ -18,15 +18,21 @@ from ..rankworker import salted_generator
 from .probes import _my_group, _seed_everything
 
 BN_STEPS = 2
+# Where links are observed (:func:`exercise_utils.harness.observing`): one (N, C, H, W) case
+# more whose local batches are large (0.6 to 1 MB per rank), so that a rank that sends its batch
+# (rather than its statistics) shows far above the bound of the statistics' all_reduces, their
+# headers and the set-up (the judge's: :mod:`.wire`).
+BN_WIRE = dict(case="bn-spatial", channels=8, spatial=(8, 8), wire=True)
+BN_WIRE_SIZES = {2: [500, 300], 3: [300, 500, 400]}
 
 
-def bn_cases(size):
+def bn_cases(size, wire=False):
     """The layers and inputs tried with ``size`` ranks (one launch), each a dict: ``case``,
     ``channels``, ``spatial`` (the dimensions after C: none, (L,) or (H, W)), local batch
     ``sizes``, ``momentum``, ``dtype``, and optionally ``affine``/``track`` (False),
     ``near_constant`` (channel 0 with a spread of 3e-3: its variance is about eps) and
     ``group`` (the process groups the ranks are split into). The baseline first, then one
-    dimension changed at a time."""
+    dimension changed at a time; with ``wire`` the large case :data:`BN_WIRE` last."""
     sizes = {2: [6, 2], 3: [2, 7, 3]}[size]
     base = dict(case="bn-output", channels=4, spatial=(), sizes=sizes, momentum=0.1,
                 dtype="float32")
@@ -38,6 +44,8 @@ def bn_cases(size):
                dict(case="bn-float64", dtype="float64")]   # after eps: its tolerance is tight
     if size == 3:
         changes.append(dict(case="bn-group", sizes=[3, 5, 2], group=[[0, 2], [1]]))
+    if wire:
+        changes.append(dict(BN_WIRE, sizes=BN_WIRE_SIZES[size]))
     return [base] + [dict(base, **change) for change in changes]
 
 
@@ -113,11 +121,12 @@ def bn_run(layer, steps, x_eval, part=slice(None)):
     return out
 
 
-def probe_sync_batchnorm(student, ctx):
-    """Every case of :func:`bn_cases`: the student's layer (from ``convert_batchnorm``) on this
-    rank's rows; a case with ``group`` passes the process group this rank belongs to."""
+def probe_sync_batchnorm(student, ctx, wire=False):
+    """Every case of :func:`bn_cases` (``wire``: the large one too): the student's layer (from
+    ``convert_batchnorm``) on this rank's rows; a case with ``group`` passes the process group
+    this rank belongs to."""
     results = []
-    for case in bn_cases(ctx.size):
+    for case in bn_cases(ctx.size, wire):
         ctx.case(case["case"])
         model = nn.Sequential(bn_layer(case))
         if case.get("group"):

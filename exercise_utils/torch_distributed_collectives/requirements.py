@@ -95,7 +95,7 @@ CONTRACT = {
                "right when every ``n_r`` is the same.", cases=("avg-values",)),
         Clause("returns", "On return every rank's ``p.grad`` holds ``sum_r (n_r / N) * g_r``, "
                "with ``N`` the total number of samples, itself obtained with an ``all_reduce``.",
-               cases=("avg-values",)),
+               cases=("avg-values", "avg-wire")),
         Clause("may-differ", "num_samples: number of samples this rank's loss averaged over (may "
                "differ between ranks).", cases=("avg-values",)),
         Clause("skipped", "Parameters whose ``grad`` is ``None`` (frozen or unused) are skipped.",
@@ -125,7 +125,7 @@ CONTRACT = {
         Clause("differentiable", "from a differentiable ``torch.distributed.nn.functional."
                "all_reduce`` (SUM) of the count, the sum and the sum of squares (one call can "
                "carry all three), so ``backward`` is right on every rank",
-               cases=("bn-backward",)),
+               cases=("bn-backward", "bn-wire")),
         Clause("output", "output ``(x - mean) / sqrt(var + eps) * weight + bias``.",
                cases=("bn-eps",)),
         Clause("local-sizes", "Local batch sizes may differ; a rank's batch may even be empty.",
