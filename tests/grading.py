@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import dropper  # noqa: E402
 from test_pipeline import UNSAFE  # noqa: E402 - [] where the grading sandbox runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,17 +107,22 @@ def autograde(tmp_path, stem, submissions, timeout=1500, whole_notebook=True):
 def autograde_solution_and_blank(tmp_path, stem, points, checks, timeout=1500):
     """Autograde the solution and the blank release (without its demo cells) of one notebook.
 
-    Asserts full marks for the solution and 0 for the blank, "all checks passed" from each of
-    the ``checks`` check cells of the solution and "not implemented yet" from the blank's, and
-    no error in any of the solution's cells.
+    Asserts full marks for the solution and 0 for the blank (the dropper's: a blank whose
+    files plant modules named after what the judge imports, wherever its ranks can write),
+    "all checks passed" from each of the ``checks`` check cells of the solution and "not
+    implemented yet" from the blank's, and no error in any of the solution's cells.
 
     Returns:
         (the solution's autograded notebook as text, seconds the run took).
     """
     solution = (ROOT / "solutions" / f"{stem}.ipynb").read_text()
     release = (ROOT / "notebooks" / f"{stem}.ipynb").read_text()
-    course, scores, seconds = autograde(tmp_path, stem, {"solution": solution,
-                                                         "blank": graded_only(release)}, timeout)
+    # The blank is the dropper (tests/dropper.py): it plants modules under every name a traced
+    # grading run imports, wherever its ranks can write; unless the judge imports one of them,
+    # it is the blank release (tests/test_isolation.py: with the defences off it scores)
+    blank = dropper.notebook(graded_only(release))
+    course, scores, seconds = autograde(tmp_path, stem, {"solution": solution, "blank": blank},
+                                        timeout)
     assert scores == {"solution": float(points), "blank": 0.0}, (scores, {
         first: _ends(outputs) for first, outputs in check_outputs(course, "solution", stem).items()
         if "all checks passed" not in outputs})
