@@ -21,8 +21,8 @@ from ..contract import fail
 from ..harness import HANG_AFTER, check, run_ranks
 from . import probes
 from .checks_hogwild import check_hogwild  # noqa: F401 - the CHECK cell imports it from here
-from .probes import sampler_cases, shuffled_order
-from .reference import reference_partition, short
+from .probes import sampler_cases
+from .reference import reference_partition, short, shuffled_order
 
 SAMPLER_TIMEOUT = HANG_AFTER    # seconds without progress before a check is a hang (harness)
 RULE = ("replica `rank` takes every num_replicas-th index of the padded (or cut) order, "

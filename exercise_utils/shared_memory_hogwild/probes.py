@@ -126,13 +126,6 @@ def probe_sampler(student, ctx):
     return results, not torch.equal(rng, torch.get_rng_state())
 
 
-def shuffled_order(n, shuffle, seed, epoch):
-    """The order DistributedSampler partitions: ``randperm(n)`` seeded with seed + epoch."""
-    if not shuffle:
-        return list(range(n))
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
-
-
 # ---------------------------------------------------------------- hogwild
 N_SAMPLES, FEATURES, CLASSES = 240, 20, 4   # 240 = 80 per worker with 3 workers, 120 with 2
 EPOCHS, BATCH, LR, SEED = 3, 16, 0.2, 5
@@ -241,7 +234,7 @@ def _run_crash(module, workers, fail, threads):
     ``order[0]`` (rank 0's first) raises or is killed. Returns what hogwild raised (type,
     message, or None), the processes it never joined, and the reads."""
     x, y = task_data()
-    first = int(shuffled_order(N_SAMPLES, True, SEED, 0)[0])
+    first = int(torch.randperm(N_SAMPLES, generator=torch.Generator().manual_seed(SEED))[0])
     data = RecordingDataset(x, y, 1, fail_index=first, fail=fail)
     raised = None
     with StartJoinCounter() as counter:
