@@ -16,9 +16,8 @@ int64 counter) in float32 and float64. Every failure names the case of the contr
   full gradient left on the model after ``step()``, none (and no flat buffer) alive while the
   local optimizer steps; the bytes alive after the step at most the parameters plus the 1/N
   shards of gradient, master copy and momentum (MEASURED: :mod:`.memory`); at grading
-  (:func:`exercise_utils.harness.observing`) the launch with 3 ranks runs on a mesh and the
-  bytes all
-  links carried, read outside the ranks, are those two collectives' per step
+  (:func:`exercise_utils.harness.observing`) every launch (2 and 3 ranks) runs on a mesh and
+  the bytes all links carried, read outside the ranks, are those two collectives' per step
   (:func:`.wire.zero2_wire_envelope`), else ``zero2-wire``.
 * ``check_zero3``: ``parameters()`` yields exactly the shards; per step, forward all-gathers
   each unit once (its padded size), backward gathers each at most once and reduce-scatters
@@ -33,7 +32,10 @@ int64 counter) in float32 and float64. Every failure names the case of the contr
   (every key: tied, frozen, buffer; dtypes kept), the other ranks get None; it leaves every
   unit resharded; loaded into a model built from another seed whose optimizer exists already,
   the shards, frozen parameters and buffers are updated in place, every unit resharded, and two
-  more steps follow the reference; a float64 EdgeNet's state dict, and the same reloaded.
+  more steps follow the reference; a float64 EdgeNet's state dict, and the same reloaded; at
+  grading the bytes all links carried are those of the steps, of ``full_state_dict()``
+  gathering each unit once on rank 0 (a gather up to an all-gather) and of the probe's
+  broadcast of the state dict (:func:`.wire.state_dict_wire_envelope`, ``state-wire``).
 
 Used in 09_bonus_fsdp.
 """

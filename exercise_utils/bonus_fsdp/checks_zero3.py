@@ -10,7 +10,7 @@ from ..harness import assert_close, check, wire_outside
 from . import nets, references
 from .launches import (ATOL, FIXED, FP32, RTOL, SHARDED, SLACK, TIGHT, kb, kinds, links_of,
                        salts_of, stage_results, padded)
-from .wire import zero3_wire_envelope
+from .wire import state_dict_wire_envelope, zero3_wire_envelope
 
 
 # ---------------------------------------------------------------- check_zero3
@@ -236,6 +236,26 @@ def _check_edge_state(size, first):
                  atol=TIGHT[0], rtol=TIGHT[1], case="state-float64", dtype=True)
 
 
+def _check_state_wire(path, size):
+    """The bytes the kernel counted on the launch's links (read outside the ranks: nothing in
+    them can change the counters) against :func:`.wire.state_dict_wire_envelope`."""
+    found = wire_outside(links_of(path, size, ["state_dict"]), state_dict_wire_envelope(size))
+    if found is None:
+        return
+    sent, least, most = found
+    fail("state-wire",
+         f"with {size} ranks, the network counted {sent:,} bytes on the links between the "
+         f"ranks while they trained Zero3 ({nets.STEPS} + {nets.MORE_STEPS} steps of the tied "
+         f"model, then a float64 EdgeNet), called full_state_dict() four times and loaded "
+         f"the state dict rank 0 got (the check sends it to every rank); the steps' "
+         f"collectives and full_state_dict() gathering every unit's shards on rank 0 (one "
+         f"gather, or one all-gather, of each unit) put {least:,} to {most:,} bytes there. "
+         f"The calls your code made through torch.distributed did not show this traffic: the "
+         f"bytes come from the kernel's counters of each link, read outside the ranks. Gather "
+         f"each unit once in full_state_dict(), and send nothing in load_full_state_dict() "
+         f"(every rank is given the whole state dict).")
+
+
 @check
 def check_state_dict(path):
     """Check ``full_state_dict`` and ``load_full_state_dict`` (see the module docstring)."""
@@ -245,3 +265,4 @@ def check_state_dict(path):
         _check_load(size, res, salts_of(path, size, ["state_dict"]))
         _check_left(size, res, "load_full_state_dict()")
         _check_edge_state(size, res[0])
+        _check_state_wire(path, size)

@@ -24,9 +24,6 @@ SCATTERS = ("reduce_scatter", "reduce_scatter_tensor")
 FP32 = 4
 FIXED = 2 * nets.WIDTH * FP32          # the frozen gain and the buffer: on every rank
 FIRST = {"zero2": "zero2-collectives", "zero3": "zero3-collectives", "state_dict": "state-rank0"}
-OBSERVED = ("zero2", "zero3")   # at grading (links observed) their launches with
-OBSERVED_SIZE = 3                # OBSERVED_SIZE ranks run on a mesh (each observed launch
-#                                  starts a fresh interpreter per rank on its own host)
 _CACHE = {}
 LINKS = {}                  # launch key -> bytes per directed link (where observed)
 SALTS = {}                  # launch key -> {rank: salt} the judge gave (at grading; else none)
@@ -41,9 +38,12 @@ def _key(path, size, stages):
 
 
 def launch(path, size, stages):
+    """The per-rank results of the launch of ``stages`` with ``size`` ranks (run once per file
+    content); where links are observed (at grading every launch's ranks run on the hosts of a
+    mesh) the bytes of each directed link are kept too (:func:`links_of`)."""
     key = _key(path, size, stages)
     if key not in _CACHE:
-        links = {} if size == OBSERVED_SIZE and any(s in OBSERVED for s in stages) else None
+        links = {}      # (filled where links are observed: harness.observing)
         salts = {}      # (at grading each rank's batches derive from a number only it knows)
         _CACHE[key] = run_ranks(path, probes.probe, size, "none",
                                 dict(stages=list(stages), gloo_timeout=GLOO_TIMEOUT),

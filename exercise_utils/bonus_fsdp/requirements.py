@@ -97,7 +97,7 @@ CONTRACT = {
         Clause("rank-0-gets", "rank 0 gets the whole model's ``state_dict()`` (the keys of the "
                "model before wrapping, tied weights under each of their names, frozen parameters "
                "and buffers included), the other ranks None.",
-               cases=("state-rank0", "state-keys", "state-values")),
+               cases=("state-rank0", "state-keys", "state-values", "state-wire")),
         Clause("dtypes", "Values keep the model's dtypes (float32 or float64; integer buffers "
                "such as BatchNorm's `num_batches_tracked` stay int64).",
                cases=("state-float64",)),

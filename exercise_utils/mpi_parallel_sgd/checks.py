@@ -1,6 +1,7 @@
 """Checkers of notebook 01 (MPI parallel SGD).
 
-Each ``check_*(path)`` runs the student file in fresh MPI processes through
+Each ``check_*(path)`` (``check_convergence``: :mod:`.checks_convergence`, imported here for
+the CHECK cell) runs the student file in fresh MPI processes through
 :func:`exercise_utils.harness.run_ranks` (the probes of :mod:`.probes` run there, many cases
 per launch), computes its own reference, and raises
 :class:`~exercise_utils.contract.CheckFailure` (an ``AssertionError``) naming the case of the
@@ -11,20 +12,23 @@ Launches of 2 or more ranks are salted (``run_ranks(..., salts=salts)``: at grad
 know, and the judge builds every expected value from the salts, never from a rank's report of
 its inputs. Elsewhere ``salts`` stays empty and the inputs are the fixed ones.
 
+Where links are observed (at grading) those launches also run one large case more and the bytes
+all links carried, counted by the kernel outside the ranks, must be what the calls the contract
+allows put there (:mod:`.wire`: ``scatter-wire``, ``bcast-wire``, ``sgd-wire``,
+``average-wire``).
+
 Used in 01_mpi_parallel_sgd.
 """
 import numpy as np
 
 from ..contract import fail
-from ..harness import (HANG_AFTER, assert_close, check, held_by, likely_cause, run_ranks,
-                       state_arrays)
+from ..harness import HANG_AFTER, assert_close, check, held_by, run_ranks, state_arrays
 from ..integrity import VIOLATION
-from . import probes
-from .inputs import (GLOBAL, SGD_STEPS, average_model, bcast_model, global_inputs,
-                     scatter_data, sgd_batches)
+from . import probes, wire
+from .checks_convergence import check_convergence, reference_converged  # noqa: F401
+from .inputs import SGD_STEPS, average_model, bcast_model, hidden_of, scatter_data, sgd_batches
 from .probes import (AVERAGE_CASES, BROADCAST_CASES, NO_GRAD, SCATTER_CASES, SGD_CASES,
-                     bounds_cases, converged_cases, params_arrays, sgd_model, sgd_run,
-                     trained_numel)
+                     bounds_cases, params_arrays, sgd_model, sgd_run, trained_numel)
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 TIGHT = {"float32": (1e-5, 1e-4), "float64": (1e-12, 1e-10)}   # atol, rtol per dtype: float64
@@ -80,9 +84,10 @@ def check_shards(path, timeout=TIMEOUT):
                          case="bounds-tile", what="shard_bounds")
     _check_bounds(bounds_cases(), bounds)
     for size, cases in SCATTER_CASES.items():
-        salts = {}           # (at grading the root's dataset derives from a number only it knows)
+        salts, links = {}, {}  # (at grading the root's dataset derives from a number only it knows)
+        cases = cases + wire.cases("scatter")
         shards = run_ranks(path, probes.probe_scatter, size, "mpi", {"cases": cases}, timeout,
-                           case="scatter-shard", what="scatter_shards", salts=salts)
+                           case="scatter-shard", what="scatter_shards", salts=salts, links=links)
         for i, (case, n, root, dtype, shape) in enumerate(cases):
             x, y = scatter_data(n, dtype, shape, salts.get(root, 0))
             call = (f"scatter_shards with {size} ranks, {n} samples of shape {shape} ({dtype}), "
@@ -93,6 +98,8 @@ def check_shards(path, timeout=TIMEOUT):
                 _check_shard(case, call, rank, shards[rank][i], x[a:b].numpy(), ys)
                 _check_received(call, rank, root, shards[rank][i]["received"],
                                 shard=(b - a) * (int(np.prod(shape)) + 1), size=size)
+        wire.check("scatter", links, size, f"scatter_shards with {size} ranks",
+                   wire.scatter_envelope(size, cases))
 
 
 def _check_shard(case, call, rank, got, xs, all_ys):
@@ -125,11 +132,14 @@ def check_broadcast(path, timeout=TIMEOUT):
     statistics and its int64 counter), every root, in place. Every rank's model is salted:
     the root's is built here from its salt, never taken from its report."""
     for size, cases in BROADCAST_CASES.items():
-        salts = {}           # (at grading each rank's model derives from a number only it knows)
+        salts, links = {}, {}  # (at grading each rank's model derives from a number only it knows)
+        cases = cases + wire.cases("broadcast")
         res = run_ranks(path, probes.probe_broadcast, size, "mpi", {"cases": cases}, timeout,
-                        case="bcast-values", what="broadcast_parameters", salts=salts)
+                        case="bcast-values", what="broadcast_parameters", salts=salts,
+                        links=links)
         for i, (case, root, dtype) in enumerate(cases):
-            root_before = state_arrays(bcast_model(root, dtype, salts.get(root, 0)))
+            root_before = state_arrays(bcast_model(root, dtype, salts.get(root, 0),
+                                                   hidden_of(case)))
             for rank, (_, after, same) in enumerate(r[i] for r in res):
                 what = (f"after broadcast_parameters(comm, model, root={root}) with {size} ranks "
                         f"and a {dtype} model, every rank must hold rank {root}'s parameters and "
@@ -146,6 +156,8 @@ def check_broadcast(path, timeout=TIMEOUT):
                          f"rank {rank}: broadcast_parameters replaced the model's tensors instead "
                          f"of copying into them; an optimizer built before the call would still "
                          f"update the old tensors. Copy in place (e.g. Bcast into t.numpy()).")
+        wire.check("broadcast", links, size, f"broadcast_parameters with {size} ranks",
+                   wire.broadcast_envelope(size, cases))
 
 
 # ---------------------------------------------------------------- gradient averaging
@@ -155,13 +167,15 @@ def check_allreduce_sgd(path, timeout=TIMEOUT):
     float64; frozen, unused, tied, transposed and 0-d parameters), one Allreduce a step. Each
     rank's batches are salted (the reference and the likely causes train on the salts')."""
     for size in (2, 3):
-        salts = {}           # (at grading each rank's rows derive from a number only it knows)
-        res = run_ranks(path, probes.probe_sgd, size, "mpi", timeout=timeout, case="sgd-values",
-                        what="average_gradients", salts=salts)
-        for i, (case, dtype) in enumerate(SGD_CASES):
+        salts, links = {}, {}  # (at grading each rank's rows derive from a number only it knows)
+        cases = SGD_CASES + tuple(wire.cases("sgd"))
+        res = run_ranks(path, probes.probe_sgd, size, "mpi", {"cases": cases}, timeout,
+                        case="sgd-values", what="average_gradients", salts=salts, links=links)
+        for i, (case, dtype) in enumerate(cases):
             x, y = sgd_batches(size, dtype, salts)
-            expected = sgd_run(sgd_model(dtype), x, y)
-            numel = trained_numel(sgd_model(dtype))
+            wide = hidden_of(case)
+            expected = sgd_run(sgd_model(dtype, wide), x, y)
+            numel = trained_numel(sgd_model(dtype, wide))
             for rank, (state, calls, elements, none, hidden) in enumerate(r[i] for r in res):
                 if hidden:
                     fail("sgd-one-allreduce",
@@ -179,15 +193,17 @@ def check_allreduce_sgd(path, timeout=TIMEOUT):
                              f"with {size} ranks must equal single-process SGD on the "
                              f"concatenated batch: average (sum / size) the gradients of every "
                              f"rank, in the gradients' own dtype", rank, atol, rtol, case=case,
-                             start=state_arrays(sgd_model(dtype)), size=size,
-                             mistakes=_mistakes(dtype, size, salts))
+                             start=state_arrays(sgd_model(dtype, wide)), size=size,
+                             mistakes=_mistakes(dtype, size, salts, wide))
+        wire.check("sgd", links, size, f"average_gradients with {size} ranks",
+                   wire.sgd_envelope(size, cases))
 
 
-def _mistakes(dtype, size, salts):
+def _mistakes(dtype, size, salts, hidden):
     """The likely causes replayed on a mismatch: SGD on summed and on twice-divided gradients
-    (on the batches of ``salts``)."""
-    return {summed(size): lambda: _scaled_sgd(dtype, size, size, salts),
-            halved(size): lambda: _scaled_sgd(dtype, size, 1 / size, salts)}
+    (on the batches of ``salts``, the model ``hidden`` wide)."""
+    return {summed(size): lambda: _scaled_sgd(dtype, size, size, salts, hidden),
+            halved(size): lambda: _scaled_sgd(dtype, size, 1 / size, salts, hidden)}
 
 
 def summed(size):
@@ -202,10 +218,10 @@ def halved(size):
             f"the world size twice (before and after the Allreduce?). Divide the sum once.")
 
 
-def _scaled_sgd(dtype, size, factor, salts=None):
+def _scaled_sgd(dtype, size, factor, salts=None, hidden=8):
     """Single-process SGD with the gradient multiplied by ``factor`` (``size``: a sum of
     averages; ``1 / size``: an average divided again), on the batches of ``salts``."""
-    model = sgd_model(dtype)
+    model = sgd_model(dtype, hidden)
     x, y = sgd_batches(size, dtype, salts)
 
     def scale():
@@ -238,12 +254,14 @@ def check_model_averaging(path, timeout=TIMEOUT):
     root), in place. Every rank's model is salted: the mean is of the models built here from
     the salts, never of the ranks' reports."""
     for size, cases in AVERAGE_CASES.items():
-        salts = {}           # (at grading each rank's model derives from a number only it knows)
+        salts, links = {}, {}  # (at grading each rank's model derives from a number only it knows)
+        cases = cases + wire.cases("average")
         res = run_ranks(path, probes.probe_average, size, "mpi", {"cases": cases}, timeout,
-                        case="average-values", what="average_weights", salts=salts)
+                        case="average-values", what="average_weights", salts=salts,
+                        links=links)
         for i, (case, root, dtype) in enumerate(cases):
             runs = [r[i] for r in res]
-            befores = [params_arrays(average_model(r, dtype, salts.get(r, 0)))
+            befores = [params_arrays(average_model(r, dtype, salts.get(r, 0), hidden_of(case)))
                        for r in range(size)]
             mean = {k: np.mean([before[k] for before in befores], axis=0) for k in befores[0]}
             for rank, (_, after, same) in enumerate(runs):
@@ -258,52 +276,5 @@ def check_model_averaging(path, timeout=TIMEOUT):
                          f"copying the average into them; an optimizer or another reference to "
                          f"the parameters would still see the old ones. Copy in place "
                          f"(tensor.copy_(...) under torch.no_grad(), or model.load_state_dict).")
-
-
-# ---------------------------------------------------------------- convergence
-def reference_converged(prev_loss, loss, rel_tol):
-    return prev_loss is not None and abs(prev_loss - loss) <= rel_tol * abs(prev_loss)
-
-
-@check
-def check_convergence(path, timeout=TIMEOUT):
-    """Check ``converged`` (first epoch, relative to the previous loss, at the tolerance,
-    negative and zero losses; a bool) and ``global_loss`` (sums over counts, the same on every
-    rank, exact in float64, a rank without samples; each rank's loss sum salted)."""
-    for size in (3, 2):
-        salts = {}           # (at grading each rank's loss sum derives from a number only it knows)
-        res = run_ranks(path, probes.probe_convergence, size, "mpi", timeout=timeout,
-                        case="global-value", what="global_loss / converged", salts=salts)
-        for args, got in zip(converged_cases(), res[0][0]):
-            _check_converged(args, got)
-        for i, case in enumerate(GLOBAL):
-            sums, counts = global_inputs(case, size, salts)
-            losses = [r[1][i][1] for r in res]
-            expected = sum(sums) / sum(counts)
-            if max(losses) - min(losses) > 1e-12 * abs(expected):
-                fail("global-same", f"global_loss differs between ranks ({losses}): ranks would "
-                                    f"take different stop decisions, and the ranks that keep "
-                                    f"training would hang in Allreduce forever")
-            if not abs(losses[0] - expected) <= 1e-12 * abs(expected):
-                cause = likely_cause({"global_loss": np.array([losses[0]], dtype=float)},
-                                     {"global_loss": np.array([expected])})
-                fail(case, f"global_loss returned {losses[0]!r} with {size} ranks holding loss "
-                           f"sums {sums} over {counts} samples; expected {expected!r} = (sum of "
-                           f"all loss sums) / (sum of all sample counts), computed in float64."
-                           f"{cause}")
-
-
-def _check_converged(args, got):
-    want = reference_converged(*args)
-    call = f"converged{args}"
-    rule = ("stop when abs(prev_loss - loss) <= rel_tol * abs(prev_loss); never on the first "
-            "epoch (prev_loss is None)")
-    if isinstance(got, dict):
-        fail("converged-rule", f"{call} raised {got['raised']}, expected {want}: {rule}")
-    kind, value = got
-    if value != want:
-        zero = (" (a previous loss of 0.0 is a loss: test `prev_loss is None`, not "
-                "`not prev_loss`)" if args[0] == 0.0 else "")
-        fail("converged-rule", f"{call} returned {value}, expected {want}{zero}: {rule}")
-    if kind not in ("bool", "bool_"):
-        fail("converged-bool", f"{call} returned a {kind}; return True or False (a bool)")
+        wire.check("average", links, size, f"average_weights with {size} ranks",
+                   wire.average_envelope(size, cases))

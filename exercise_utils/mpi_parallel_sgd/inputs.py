@@ -13,6 +13,10 @@ computes every expected value from the salts, never from what a rank says it was
 * ``sgd_batches``: each rank's rows of the global batch;
 * ``global_inputs``: each rank's loss sum, where its count is > 0.
 
+A case named ``<exercise>-wire`` (run only where the judge observes the links:
+:mod:`.wire`) builds its models :data:`WIDE` wide (:func:`hidden_of`), so that what a launch
+puts on the wire stands far above what setting MPI up costs.
+
 Used in 01_mpi_parallel_sgd.
 """
 import math
@@ -42,29 +46,36 @@ def scatter_data(n, dtype, shape, salt=0):
 
 # ---------------------------------------------------------------- models
 BIG_COUNT = 2 ** 24 + 1     # float32 cannot hold it: an integer buffer sent as float32 changes
+HIDDEN, WIDE = 8, 256       # EdgeNet's hidden width: the checks' cases, a wire case (200k elements)
 
 
-def edge_model(seed, dtype="float32", batches=1, salt=0):
+def hidden_of(case):
+    """EdgeNet's hidden width in ``case``: :data:`WIDE` for a wire case (``"...-wire"``)."""
+    return WIDE if case.endswith("-wire") else HIDDEN
+
+
+def edge_model(seed, dtype="float32", batches=1, salt=0, hidden=HIDDEN):
     """An :class:`~exercise_utils.models.EdgeNet` from ``seed`` (tied, frozen, unused,
     transposed and 0-d parameters, BatchNorm buffers) with ``batches`` forward passes of
     running statistics behind it, and the frozen parameter and the integer buffer
     rank-specific too. With a ``salt``, everything derives from it as well: the weights, the
     statistics, the frozen, 0-d and BatchNorm parameters and the counter (still odd: float32
-    rounds it). Built on one thread: BatchNorm's statistics depend on the number of threads
-    in the last bit, and the judge must build the ranks' models to the bit."""
+    rounds it). ``hidden``: its hidden width. Built on one thread: BatchNorm's statistics
+    depend on the number of threads in the last bit, and the judge must build the ranks'
+    models to the bit."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _edge_model(torch, seed, getattr(torch, dtype), batches, salt)
+        return _edge_model(torch, seed, getattr(torch, dtype), batches, salt, hidden)
     finally:
         torch.set_num_threads(threads)
 
 
-def _edge_model(torch, seed, kind, batches, salt):
+def _edge_model(torch, seed, kind, batches, salt, hidden):
     from ..models import EdgeNet
     torch.manual_seed(salted_generator(seed, salt).initial_seed())     # (the global RNG)
-    model = EdgeNet(dtype=kind)
+    model = EdgeNet(hidden=hidden, dtype=kind)
     for _ in range(batches):
         model(torch.randn(8, 6, dtype=kind))
     with torch.no_grad():
@@ -76,14 +87,14 @@ def _edge_model(torch, seed, kind, batches, salt):
     return model
 
 
-def bcast_model(rank, dtype, salt=0):
+def bcast_model(rank, dtype, salt=0, hidden=HIDDEN):
     """The model rank ``rank`` holds before ``broadcast_parameters`` (its ``salt``)."""
-    return edge_model(100 + rank, dtype, batches=rank + 1, salt=salt)
+    return edge_model(100 + rank, dtype, batches=rank + 1, salt=salt, hidden=hidden)
 
 
-def average_model(rank, dtype, salt=0):
+def average_model(rank, dtype, salt=0, hidden=HIDDEN):
     """The model rank ``rank`` holds before ``average_weights`` (its ``salt``)."""
-    return edge_model(7 + rank, dtype, batches=rank + 1, salt=salt)
+    return edge_model(7 + rank, dtype, batches=rank + 1, salt=salt, hidden=hidden)
 
 
 # ---------------------------------------------------------------- gradient averaging

@@ -19,8 +19,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..harness import state_arrays
-from .inputs import (GLOBAL, LOCAL_BATCH, average_model, bcast_model, edge_model,
-                     global_inputs, scatter_data, sgd_batches)
+from .inputs import (GLOBAL, HIDDEN, LOCAL_BATCH, average_model, bcast_model, edge_model,
+                     global_inputs, hidden_of, scatter_data, sgd_batches)
 
 # torch (and the models, which import it) are imported by the probes that use them, not here:
 # a rank of the convergence check never needs torch, and importing it costs ~2 s of CPU per
@@ -192,7 +192,7 @@ def probe_broadcast(student, ctx, cases):
     out = []
     for case, root, dtype in cases:
         ctx.case(case)
-        model = bcast_model(ctx.rank, dtype, ctx.salt)
+        model = bcast_model(ctx.rank, dtype, ctx.salt, hidden_of(case))
         before = state_arrays(model)
         ptrs = [t.data_ptr() for t in model.state_dict().values()]
         student.broadcast_parameters(ctx.comm, model, root=root)
@@ -207,11 +207,11 @@ SGD_CASES = (("sgd-values", "float32"), ("sgd-float64", "float64"))
 NO_GRAD = ["frozen", "unused.weight", "unused.bias"]   # EdgeNet's parameters without gradient
 
 
-def sgd_model(dtype="float32"):
-    """The model every rank starts from: an :class:`~exercise_utils.models.EdgeNet` in eval
-    mode (BatchNorm on its running statistics, so that averaged gradients equal the gradient
-    of the combined batch)."""
-    model = edge_model(0, dtype)
+def sgd_model(dtype="float32", hidden=HIDDEN):
+    """The model every rank starts from: an :class:`~exercise_utils.models.EdgeNet` (``hidden``
+    wide) in eval mode (BatchNorm on its running statistics, so that averaged gradients equal
+    the gradient of the combined batch)."""
+    model = edge_model(0, dtype, hidden=hidden)
     return model.eval()
 
 
@@ -255,16 +255,17 @@ def world_counted(student):
             setattr(student, k, world)
 
 
-def probe_sgd(student, ctx):
-    """For each of :data:`SGD_CASES`: the state after SGD, the calls and elements on the given
-    communicator, the parameters left without a gradient after the first call, and the calls
-    made through ``MPI.COMM_WORLD`` directly (outside the check's sight otherwise). This rank's
-    rows of the batches derive from its salt (the other ranks' rows in ``x`` are not theirs)."""
+def probe_sgd(student, ctx, cases=SGD_CASES):
+    """For each of ``cases`` (``(case, dtype)``): the state after SGD, the calls and elements on
+    the given communicator, the parameters left without a gradient after the first call, and
+    the calls made through ``MPI.COMM_WORLD`` directly (outside the check's sight otherwise).
+    This rank's rows of the batches derive from its salt (the other ranks' rows in ``x`` are
+    not theirs)."""
     out = []
     part = slice(ctx.rank * LOCAL_BATCH, (ctx.rank + 1) * LOCAL_BATCH)
-    for case, dtype in SGD_CASES:
+    for case, dtype in cases:
         ctx.case(case)
-        model, comm, none = sgd_model(dtype), CountingComm(ctx.comm), []
+        model, comm, none = sgd_model(dtype, hidden_of(case)), CountingComm(ctx.comm), []
         x, y = sgd_batches(ctx.size, dtype, {ctx.rank: ctx.salt})
 
         def average():
@@ -290,7 +291,7 @@ def probe_average(student, ctx, cases):
     out = []
     for case, root, dtype in cases:
         ctx.case(case)
-        model = average_model(ctx.rank, dtype, ctx.salt)
+        model = average_model(ctx.rank, dtype, ctx.salt, hidden_of(case))
         before = params_arrays(model)
         ptrs = [t.data_ptr() for t in model.state_dict().values()]
         student.average_weights(ctx.comm, model, root=root)

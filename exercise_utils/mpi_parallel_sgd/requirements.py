@@ -24,14 +24,14 @@ CONTRACT = {
         Clause("types", "Returns: (x[start:stop], y[start:stop]) for this rank's bounds, torch "
                "tensors of x's and y's dtypes.", cases=("scatter-type", "scatter-float64")),
         Clause("receive-own", "Every rank receives only its own shard, never the whole dataset.",
-               cases=("scatter-received",)),
+               cases=("scatter-received", "scatter-wire")),
     ],
     "broadcast": [
         Clause("equals-root", "After the call, every rank's model.state_dict() equals root's",
                cases=("bcast-values", "bcast-root")),
         Clause("buffers", "copy rank `root`'s parameters **and buffers** (e.g. BatchNorm running "
                "statistics: `model.state_dict()` holds both) into every rank's model.",
-               cases=("bcast-values",)),
+               cases=("bcast-values", "bcast-wire")),
         Clause("any-model", "Your function must work for any model: float32 or float64, with "
                "frozen, tied and transposed parameters, and integer buffers.",
                cases=("bcast-float64",)),
@@ -54,7 +54,7 @@ CONTRACT = {
     ],
     "allreduce_sgd": [
         Clause("average", "Replace every p.grad by the average of p.grad over all ranks (one "
-               "Allreduce in total).", cases=("sgd-values", "sgd-one-allreduce")),
+               "Allreduce in total).", cases=("sgd-values", "sgd-one-allreduce", "sgd-wire")),
         Clause("no-grad", "frozen ones and layers the forward did not use have none: leave "
                "their `.grad` as `None`", cases=("sgd-no-grad",)),
         Clause("dtype", "Gradients are float32 or float64 (whatever the model's dtype): keep that "
@@ -65,7 +65,7 @@ CONTRACT = {
     ],
     "model_averaging": [
         Clause("mean", "After the call every rank's parameters equal the mean over ranks of "
-               "their parameters.", cases=("average-values", "average-root")),
+               "their parameters.", cases=("average-values", "average-root", "average-wire")),
         Clause("every-parameter", "Average every parameter, frozen ones included, in the "
                "model's own dtype (float32 or float64).",
                cases=("average-values", "average-float64")),

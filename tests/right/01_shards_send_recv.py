@@ -1,6 +1,7 @@
 """RIGHT (notebook 01, shards): the bounds from the lengths of ``numpy.array_split``, and the
 shards sent by root to each rank with point-to-point ``send``/``recv`` instead of a scatter
-(root keeps its own shard without a message).
+(root keeps its own shard without a message); the pieces are cloned, since a pickled view
+``x[a:b]`` carries all of x's storage.
 
 Written differently from the solution on purpose; the checker must accept it.
 """
@@ -22,5 +23,5 @@ def scatter_shards(comm, x, y, root=0):
         if r == root:
             mine = (x[a:b], y[a:b])
         else:
-            comm.send((x[a:b], y[a:b]), dest=r, tag=11)
+            comm.send((x[a:b].clone(), y[a:b].clone()), dest=r, tag=11)
     return mine

@@ -44,7 +44,8 @@ FLAWS = [
              "a ceiling: right whenever every rank gets a sample, but with more ranks than samples "
              "the list of pieces is shorter than the world and comm.scatter refuses it.",
          expect="scatter-empty",
-         patch=(("        pieces = [(x[a:b], y[a:b]) for a, b in shard_bounds(len(x), comm.Get_size())]\n",
+         patch=(("        pieces = [(x[a:b].clone(), y[a:b].clone())\n"
+                 "                  for a, b in shard_bounds(len(x), comm.Get_size())]\n",
                  "        sizes = [b - a for a, b in shard_bounds(len(x), comm.Get_size()) if b > a]\n"
                  "        pieces = list(zip(x.split(sizes), y.split(sizes)))\n"),)),
     Flaw("shards", "scatter_ignores_root", clause="scatter", case="scatter-root",
@@ -75,7 +76,8 @@ FLAWS = [
          why="sends numpy copies of the pieces (smaller pickles, the student thought) and returns "
              "them: the right numbers, but not torch tensors, so training on them fails.",
          expect="returned a shard of types ['numpy.float32', 'numpy.int64']",
-         patch=(("        pieces = [(x[a:b], y[a:b]) for a, b in shard_bounds(len(x), comm.Get_size())]\n",
+         patch=(("        pieces = [(x[a:b].clone(), y[a:b].clone())\n"
+                 "                  for a, b in shard_bounds(len(x), comm.Get_size())]\n",
                  "        pieces = [(x[a:b].numpy(), y[a:b].numpy())\n"
                  "                  for a, b in shard_bounds(len(x), comm.Get_size())]\n"),)),
     Flaw("shards", "scatterv_float32", clause="types", case="scatter-float64",
