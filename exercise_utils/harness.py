@@ -406,7 +406,7 @@ def _launch_on_hosts(pool, size, backend, copies, kwfiles, folders, common, limi
             home / "in" / k / Path(copies[0]).name)
         args = ["--student", str(copy), "--kwargs",
                 str(home / "in" / k / "kwargs.pkl"), "--out", str(home / "w" / k), *common]
-        env = dict(cluster.MPI_OVER_LINKS)
+        env = {**cluster.MPI_OVER_LINKS, "MASTER_ADDR": pool.net.hosts[0].address}
     else:
         env = {}
     for attempt in (0, 1):

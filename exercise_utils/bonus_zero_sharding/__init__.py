@@ -12,6 +12,8 @@ Modules:
 * ``checks_checkpoint``: ``check_checkpoint``;
 * ``replay``: the judge's reference: the unsharded optimizer replayed in the checker's
   process, on the gradients the ranks report where they agree with its own;
+* ``wire``: what the launches may put on the links of a mesh (the judge's; no rank imports
+  it), held against the bytes the kernel counted where links are observed;
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
 * ``probes``, ``probes_runs``, ``probes_checkpoint``: what runs inside the ranks those checks

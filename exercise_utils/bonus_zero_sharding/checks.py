@@ -21,6 +21,12 @@ raise :class:`~exercise_utils.contract.CheckFailure` naming their case of the co
 (:mod:`.requirements`). When the combined launch fails in the checkpoint stage,
 ``check_sharded`` runs its stage alone, so a broken checkpoint costs only its own points.
 
+On the wire (at grading: :func:`~exercise_utils.harness.observing`): ``check_sharded``'s launch
+trains alone, ``check_checkpoint``'s trains then consolidates, their ranks on the hosts of a
+mesh, and the bytes the kernel counted on all links must lie within what the launch's calls
+put there (:mod:`.wire`; ``sharded-wire``, ``checkpoint-wire``): right files send 81-87% of
+the most (sharded) and 88-92% (checkpoint).
+
 Used in 07_bonus_zero_sharding.
 """
 import hashlib
@@ -29,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import CheckFailure, fail
-from ..harness import HANG_AFTER, check, run_ranks
-from . import probes, replay
+from ..harness import HANG_AFTER, check, observing, run_ranks
+from . import probes, replay, wire
 from .checks_memory import check_memory, expected_bytes  # noqa: F401 - the CHECK cell imports
 from .checks_sharded import (TIGHT, check_grads, check_groups, check_partitions, check_state,
                              check_train, compare)
@@ -44,7 +50,7 @@ CHECKPOINT_CASES = {"state-dict-raises", "consolidate-values", "consolidate-to",
                     "consolidate-other-ranks", "consolidate-fresh", "load-values",
                     "load-shard-only", "load-hyper", "load-round-trip", "checkpoint-float64",
                     "checkpoint-edge"}
-_CACHE = {}                  # (file digest, world size) -> {"results": {}, "errors": {}}
+_CACHE = {}        # (file digest, world size, observed) -> {"results", "errors", "links"}
 
 
 def _not_implemented(todo, path):
@@ -54,17 +60,22 @@ def _not_implemented(todo, path):
 
 
 # ---------------------------------------------------------------- launching, caching
-def _launch(path, size, stages, timeout):
+def _launch(path, size, stages, timeout, links=None):
     return run_ranks(path, probes.probe, size, "none",
                      dict(stages=list(stages), gloo_timeout=min(GLOO_TIMEOUT, timeout / 3)),
-                     timeout, what=f"07_zero.py with {size} rank(s)", case="partition-greedy")
+                     timeout, what=f"07_zero.py with {size} rank(s)", case="partition-greedy",
+                     links=links)
 
 
 def _run(entry, path, size, stage, todo, timeout):
-    """Launch ``todo``; keep each stage's results or the failure that stands for it."""
+    """Launch ``todo``; keep each stage's results or the failure that stands for it, and the
+    bytes on the launch's links (where observed) for its last stage: "sharded" trained alone,
+    "checkpoint" trained then consolidated."""
+    links = {}
     try:
-        res = _launch(path, size, todo, timeout)
+        res = _launch(path, size, todo, timeout, links)
         entry["results"].update({s: [r[s] for r in res] for s in todo})
+        entry["links"][todo[-1]] = links
     except CheckFailure as err:
         if len(todo) > 1 and err.case and err.case not in CHECKPOINT_CASES:
             entry["errors"].update({s: err for s in todo})    # training failed: both stages
@@ -76,16 +87,27 @@ def _run(entry, path, size, stage, todo, timeout):
 
 
 def stage_results(path, stage, timeout):
-    """Yield ``(size, per-rank results of stage)`` for 2, 3 then 1 rank (cached per content)."""
+    """Yield ``(size, per-rank results of stage)`` for 2, 3 then 1 rank (cached per content).
+    Where links are observed (:func:`~exercise_utils.harness.observing`) stage "sharded" runs
+    alone, and "checkpoint" in a launch that trains then consolidates; once the caller has
+    checked what the ranks reported, the bytes on that launch's links are held to what it asks
+    for (:func:`.wire.judge`)."""
     path = Path(path)
     if not path.is_file():
         raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it "
                            f"first.")
-    digest, failed = hashlib.sha256(path.read_bytes()).hexdigest(), set()
+    digest, failed, observed = hashlib.sha256(path.read_bytes()).hexdigest(), set(), observing()
     for size in WORLD_SIZES:
-        entry = _CACHE.setdefault((digest, size), {"results": {}, "errors": {}})
-        if stage not in entry["results"] and stage not in entry["errors"]:
+        entry = _CACHE.setdefault((digest, size, observed),
+                                  {"results": {}, "errors": {}, "links": {}})
+        seen = stage in entry["results"] and (stage in entry["links"] or not observed)
+        if observed and size > 1 and not seen and stage == "checkpoint" \
+                and "sharded" not in entry["links"] and not entry["errors"]:
+            _run(entry, path, size, "sharded", ["sharded"], timeout)    # the training alone
+        if not seen and stage not in entry["errors"]:
             todo = [s for s in STAGES if s not in entry["results"]]
+            if observed:
+                todo = list(STAGES[:STAGES.index(stage) + 1])
             if stage == "sharded" and {"checkpoint"} & (set(entry["errors"]) | failed):
                 todo = ["sharded"]          # the checkpoint failed (here or with other sizes)
             _run(entry, path, size, stage, todo, timeout)
@@ -93,7 +115,7 @@ def stage_results(path, stage, timeout):
         if stage in entry["errors"]:
             error = entry["errors"][stage]
             if " hung: " in str(error):               # maybe a busy machine: try again next time
-                _CACHE.pop((digest, size))
+                _CACHE.pop((digest, size, observed))
             raise CheckFailure(str(error), error.case)
         res = entry["results"][stage]
         for out in res:
@@ -104,13 +126,15 @@ def stage_results(path, stage, timeout):
                      f"be trained: every rank must compute the same assignment (check_sharded "
                      f"shows where)")
         yield size, res
+        alone = entry["links"].get("sharded") if stage == "checkpoint" else None
+        wire.judge(entry["links"].get(stage), stage, size, sum(alone.values()) if alone else None)
 
 
 def sharded_results(path, size):
     """The per-rank results of stage "sharded" kept for ``path`` with ``size`` ranks, or None
     (stage "checkpoint" goes on from them: :func:`.replay.judge_checkpoint`)."""
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    return _CACHE.get((digest, size), {}).get("results", {}).get("sharded")
+    return _CACHE.get((digest, size, observing()), {}).get("results", {}).get("sharded")
 
 
 # ---------------------------------------------------------------- check_sharded
@@ -220,7 +244,7 @@ def _check_scheduler(res, size):
 def check_sharded(path, timeout=TIMEOUT):
     """Check ``partition_parameters``, ``ShardedOptimizer.__init__``, ``step``, ``zero_grad``
     and ``add_param_group`` with 2, 3 and 1 ranks (one launch each, shared with
-    ``check_checkpoint``)."""
+    ``check_checkpoint``; on the wire, the training alone: ``sharded-wire``)."""
     for size, res in stage_results(path, "sharded", timeout):
         replay.judge(res, size)      # the reference, replayed here: never the ranks'
         check_partitions(res)

@@ -128,7 +128,8 @@ def check_loaded(res, size):
 @check
 def check_checkpoint(path, timeout=TIMEOUT):
     """Check ``consolidate_state_dict``, ``state_dict`` and ``load_state_dict`` (2, 3 and 1
-    ranks; the same launches as ``check_sharded``)."""
+    ranks; the same launches as ``check_sharded``; on the wire, a launch that trains then
+    consolidates, against the training alone: ``checkpoint-wire``)."""
     for size, res in stage_results(path, "checkpoint", timeout):
         # the reference, replayed here: never the ranks'
         replay.judge_checkpoint(res, size, sharded_results(path, size))

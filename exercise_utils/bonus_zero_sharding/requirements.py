@@ -7,7 +7,8 @@ and every behavioural sentence of the notebook, word for word, and the cases of
 :mod:`.checks_memory`, :mod:`.checks` / :mod:`.checks_sharded` and :mod:`.checks_checkpoint`
 that exercise it. Every case rejects at least one known-wrong file of
 ``tests/wrong/07_flaws.py``, which names the clause it breaks (``tests/test_requirements.py``,
-``tests/test_checks.py``).
+``tests/test_checks.py``); ``sharded-wire`` and ``checkpoint-wire`` (the bytes on the links,
+:mod:`.wire`) each reject a cheat of ``tests/cheats/wire/`` (``tests/test_wire.py``).
 
 Used in 07_bonus_zero_sharding.
 """
@@ -112,7 +113,7 @@ CONTRACT = {
         Clause("every-value", "After ``step()`` every rank holds every parameter's new value",
                cases=("step-broadcast", "step-values")),
         Clause("broadcast", "every rank updates its shard, then the owner of each parameter "
-               "broadcasts the new values.", cases=("step-broadcast",)),
+               "broadcasts the new values.", cases=("step-broadcast", "sharded-wire")),
         # ------------------------------------------------------------ zero_grad
         Clause("zero-all", "Reset the gradients of ALL parameters (every rank computed all of "
                "them).", cases=("zero-grad-all",)),
@@ -123,7 +124,7 @@ CONTRACT = {
     ],
     "checkpoint": [
         Clause("gather", "Gather every rank's optimizer state on rank ``to``; call it on EVERY "
-               "rank.", cases=("consolidate-values",)),
+               "rank.", cases=("consolidate-values", "checkpoint-wire")),
         Clause("to", "to: the rank that will hold the whole state (the one that saves "
                "checkpoints).", cases=("consolidate-to",)),
         Clause("format", "Afterwards rank ``to``'s ``state_dict()`` returns the state of every "

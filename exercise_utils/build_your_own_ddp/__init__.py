@@ -20,6 +20,8 @@ Modules:
   checks share;
 * ``references``: the single-process replay the checks compare with (the judge's; no rank
   imports it);
+* ``wire``: what each stage's launch may put on the links of a mesh (the judge's; no rank
+  imports it), held against the bytes the kernel counted where links are observed;
 * ``bench``: the student's stages against torch DDP (a torchrun script), tables and plots;
 * ``network``: the same benchmark on two hosts with links of 100 Mbit/s, 1 Gbit/s and
   unshaped: where overlap and buckets pay.

@@ -16,6 +16,11 @@ fails), its BatchNorm running statistics equal its own sub-batches' (not synchro
 DDP without SyncBatchNorm). Structure: the collectives of each step (naive: one per parameter
 with a gradient; flat: one; buckets: one per bucket), whether communication starts during
 backward and without blocking, the bucket packing and order, nothing inside ``no_sync()``.
+On the wire (at grading: :func:`~exercise_utils.harness.observing`): each stage runs in launches
+of its own, its ranks on the hosts of a mesh, and the bytes the kernel counted on all links
+must lie within what the stage's calls put there (:mod:`.wire`; case ``"<stage>-wire"``):
+communication the recorder in the ranks missed (a ProcessGroup method kept from before it
+watched) shows there. Right files send 77-90% of the most with 2 ranks.
 Every failure names the case of the contract (:mod:`.requirements`) it breaks.
 
 Used in 06_build_your_own_ddp.
@@ -104,7 +109,8 @@ def collective_events(events):
 def check_api(path, timeout=TIMEOUT):
     """Check ``init`` (every launcher, 1 to 4 processes, the backend and device, a second
     call), then ``partition_dataset``, ``broadcast_parameters`` and ``DistributedOptimizer``
-    (2 ranks torchrun-style, 3 ranks under mpiexec)."""
+    (2 ranks torchrun-style, 3 ranks under mpiexec); on the wire, the broadcasts and the
+    check's own averaging (``api-wire``)."""
     verify_init(path, timeout)
     batches = {}                 # world size -> the global batch of each step (seed 0)
     for size, where, res in stage_results(path, "api", timeout):
@@ -223,13 +229,15 @@ def _check_seed(res):
 # ---------------------------------------------------------------- stages 2 and 3
 @check
 def check_naive(path, timeout=TIMEOUT):
-    """Check ``allreduce_naive``: one all_reduce per parameter with a gradient; averages."""
+    """Check ``allreduce_naive``: one all_reduce per parameter with a gradient; averages; on
+    the wire, those all-reduces and nothing else (``naive-wire``)."""
     _check_reduce(path, timeout, "naive")
 
 
 @check
 def check_flat(path, timeout=TIMEOUT):
-    """Check ``allreduce_flat``: one all_reduce of every gradient element; averages."""
+    """Check ``allreduce_flat``: one all_reduce of every gradient element; averages; on the
+    wire, that all-reduce and nothing else (``flat-wire``)."""
     _check_reduce(path, timeout, "flat")
 
 

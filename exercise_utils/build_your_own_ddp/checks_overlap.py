@@ -31,7 +31,8 @@ from .probes_grad import BUCKET_CASES, MICROS, OVERLAP_CASES
 @check
 def check_overlap(path, timeout=TIMEOUT):
     """Check ``OverlapDDP``: broadcast at construction, async all_reduce per parameter
-    started during backward, waited for only in ``finish_gradient_synchronization``."""
+    started during backward, waited for only in ``finish_gradient_synchronization``; on the
+    wire, those calls and nothing else (``overlap-wire``)."""
     for size, _, res in stage_results(path, "overlap", timeout):
         raise_if_todo(res, path)
         for case, spec in OVERLAP_CASES:
@@ -80,7 +81,8 @@ def _check_overlap_step(events, rank, n):
 def check_buckets(path, timeout=TIMEOUT):
     """Check ``BucketDDP``: packing (reverse order, cap, bytes, frozen skipped, tied once), one
     async all_reduce per bucket started when its last gradient is ready, ``no_sync`` (nested),
-    an idle finish, the error for parameters without gradient and the step after it."""
+    an idle finish, the error for parameters without gradient and the step after it; on the
+    wire, the broadcast and the buckets' all-reduces and nothing else (``buckets-wire``)."""
     for size, _, res in stage_results(path, "buckets", timeout):
         raise_if_todo(res, path)
         for rank, out in enumerate(res):

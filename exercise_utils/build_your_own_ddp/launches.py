@@ -7,7 +7,10 @@ unchanged file cost two launches. When a launch fails (a crash or a hang), the s
 keeps that error and the other stages run again without it, so one broken stage costs only its
 own points. Communication that bypassed the recorded ``torch.distributed`` functions
 (:mod:`.recorder`) fails the stage it happened in: a collective below them as an integrity
-violation. Every failure is a :class:`~exercise_utils.contract.CheckFailure` charged to a case
+violation. Where links are observed (at grading) each stage runs in launches of its own, rank
+r on host r of a mesh (under ``mpiexec`` the probe tells the ranks host 0's name for the
+rendezvous), and the bytes on its links are held to what the stage asks for (:mod:`.wire`).
+Every failure is a :class:`~exercise_utils.contract.CheckFailure` charged to a case
 of the contract (:mod:`.requirements`): the case the ranks were running (``ctx.case``).
 
 Used in 06_build_your_own_ddp (by :mod:`.checks` and :mod:`.checks_overlap`).
@@ -18,44 +21,52 @@ import tempfile
 from pathlib import Path
 
 from ..contract import CheckFailure
-from ..harness import HANG_AFTER, run_ranks, salting
+from ..harness import HANG_AFTER, observing, run_ranks, salting
 from .. import recorder
 from . import probes
 from . import reference as ref
+from . import wire
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 
 
 GLOO_TIMEOUT = 20            # seconds a collective waits before gloo raises
+MASTER = "h0"                # on a mesh's hosts: host 0's name, which every host resolves
 
 
 WORLDS = ((2, "none", "torchrun-style environment: RANK, WORLD_SIZE"),
           (3, "mpi", "mpiexec: PMI_RANK, PMI_SIZE"))
 
 
-_CACHE = {}                  # (file digest, world size, salted) -> launch outcome
+_CACHE = {}                  # (file digest, world size, salted, observed) -> launch outcome
 
 
 def stage_results(path, stage, timeout):
-    """Yield ``(size, where, per-rank results of stage)`` for 2 then 3 ranks."""
+    """Yield ``(size, where, per-rank results of stage)`` for 2 then 3 ranks. Where links are
+    observed (:func:`~exercise_utils.harness.observing`) the stage runs in a launch of its own
+    and, once the caller has checked what the ranks reported, the bytes on its links are held
+    to what the stage asks for (:func:`.wire.judge`)."""
     path = Path(path)
     if not path.is_file():
         raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates "
                            "it first.")
-    digest, failed = hashlib.sha256(path.read_bytes()).hexdigest(), set()
+    digest, failed, observed = hashlib.sha256(path.read_bytes()).hexdigest(), set(), observing()
     for size, backend, where in WORLDS:
-        entry = _CACHE.setdefault((digest, size, salting()), {"results": {}, "errors": {}})
+        entry = _CACHE.setdefault((digest, size, salting(), observed),
+                                  {"results": {}, "errors": {}, "links": {}})
         while stage not in entry["results"]:
             if stage in entry["errors"]:
                 message, case = entry["errors"][stage]
                 if " hung: " in message:     # maybe a busy machine: try again next time
                     del entry["errors"][stage]
                 raise CheckFailure(message, case)
-            todo = [s for s in probes.STAGES if s not in entry["results"] and s not in
-                    entry["errors"] and (s == stage or s not in failed)]
-            results, errors = _launch(path, size, backend, todo, stage, timeout)
+            todo = [stage] if observed else [
+                s for s in probes.STAGES if s not in entry["results"] and s not in
+                entry["errors"] and (s == stage or s not in failed)]
+            results, errors, links = _launch(path, size, backend, todo, stage, timeout)
             entry["results"].update(results)
             entry["errors"].update(errors)
+            entry["links"].update({s: links for s in results})
         failed |= set(entry["errors"])       # a stage that failed with 2 ranks: not again
         try:
             recorder.verify_no_hidden(entry["results"][stage], f"in stage '{stage}'",
@@ -63,25 +74,28 @@ def stage_results(path, stage, timeout):
         except AssertionError as err:
             raise CheckFailure(str(err), HIDDEN_CASE[stage]) from None
         yield size, where, entry["results"][stage]
+        wire.judge(entry["links"].get(stage), stage, size, backend)
 
 
 def _launch(path, size, backend, stages, wanted, timeout):
-    """One launch probing ``stages``: ({stage: per-rank results}, {} ) or, when it failed,
-    ({}, {the stage that failed: message}) so that the other stages run again without it."""
+    """One launch probing ``stages``: ({stage: per-rank results}, {}, {link: bytes}) or, when
+    it failed, ({}, {the stage that failed: message}, {}) so that the other stages run again
+    without it. The links' bytes: where they were observed (else empty)."""
     with tempfile.TemporaryDirectory(prefix="dtfs-myddp-") as progress:
-        salts = {}       # (at grading each rank's batches derive from a number only it knows)
+        salts, links = {}, {}    # (at grading each rank's batches derive from its own number)
         try:
             res = run_ranks(path, probes.probe, size, backend,
                             dict(stages=stages, progress=progress,
-                                 gloo_timeout=min(GLOO_TIMEOUT, timeout / 2)), timeout,
-                            what=f"06_myddp.py with {size} ranks", salts=salts)
+                                 gloo_timeout=min(GLOO_TIMEOUT, timeout / 2),
+                                 master=MASTER if observing() else None), timeout,
+                            what=f"06_myddp.py with {size} ranks", salts=salts, links=links)
             mark_salts(res, salts)
         except CheckFailure as err:
-            where, note = _where_failed(progress, str(err), size)
+            where, note = _where_failed(progress, str(err), size, err.case)
             failed = where.split(":")[0] if where.split(":")[0] in stages else wanted
             case = err.case if stage_of(err.case) == failed else probes.FIRST_CASE[failed]
-            return {}, {failed: (f"{err}{note}{_context(where)}", case)}
-    return {s: [r[s] for r in res] for s in stages}, {}
+            return {}, {failed: (f"{err}{note}{_context(where)}", case)}, {}
+    return {s: [r[s] for r in res] for s in stages}, {}, links
 
 
 def mark_salts(value, salts):
@@ -108,12 +122,16 @@ def stage_of(case):
     return "api" if prefix in ("init", "bcast", "partition", "dopt") else prefix
 
 
-def _where_failed(folder, message, size):
+def _where_failed(folder, message, size, case=None):
     """Where the launch failed: the stage of the rank that raised, unless its error is a
     consequence of another rank's (a lost connection, a timeout, a hang): then the
-    earliest stage any rank was in, where the ranks' collectives began to differ."""
+    earliest stage any rank was in, where the ranks' collectives began to differ. Where the
+    ranks could not note their stages (on hosts: each rank its own /tmp), the stage of the
+    failing ``case``."""
     files = {r: Path(folder) / f"rank{r}" for r in range(size)}
     done = {r: f.read_text() for r, f in files.items() if f.exists()}
+    if not done:
+        return (stage_of(case) if stage_of(case) in probes.STAGES else "api"), ""
     match = re.match(r"rank (\d+) raised", message)
     if match and int(match.group(1)) in done and not re.search(
             r"Connection (reset|closed)|[Tt]imed out|Broken pipe|hung: ", message):

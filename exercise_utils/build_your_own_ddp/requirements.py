@@ -6,7 +6,9 @@ that hold each clause.
 every behavioural sentence of the notebook, word for word, and the cases of :mod:`.checks`,
 :mod:`.checks_api` and :mod:`.checks_overlap` that exercise it. Every case rejects at least
 one known-wrong file of ``tests/wrong/06_flaws.py``, which names the clause it breaks
-(``tests/test_requirements.py``, ``tests/test_checks.py``).
+(``tests/test_requirements.py``, ``tests/test_checks.py``); the ``"<stage>-wire"`` cases (the
+bytes on the links, :mod:`.wire`) each reject a cheat of ``tests/cheats/wire/``
+(``tests/test_wire.py``).
 
 Used in 06_build_your_own_ddp.
 """
@@ -78,7 +80,7 @@ CONTRACT = {
         Clause("bcast-copy",
                "Copy rank ``root``'s parameters AND buffers (e.g. BatchNorm running statistics) "
                "into every rank's ``model``, in place (an optimizer built before keeps working).",
-               cases=("bcast-values", "bcast-buffers", "bcast-in-place")),
+               cases=("bcast-values", "bcast-buffers", "bcast-in-place", "api-wire")),
         Clause("bcast-root", "root: the rank whose values everyone gets.",
                cases=("bcast-root",)),
         Clause("bcast-any-model",
@@ -107,7 +109,7 @@ CONTRACT = {
     "naive": [
         Clause("one-per-parameter",
                "Average every gradient over the ranks: ONE ``dist.all_reduce`` PER PARAMETER.",
-               cases=("naive-calls",)),
+               cases=("naive-calls", "naive-wire")),
         Clause("skip-none",
                "params: parameters; those whose ``grad`` is ``None`` (frozen, unused) are "
                "skipped.", cases=("naive-no-grad", "naive-unused")),
@@ -123,7 +125,7 @@ CONTRACT = {
     "flat": [
         Clause("one-buffer",
                "Average every gradient over the ranks with ONE ``dist.all_reduce`` of ONE flat "
-               "buffer.", cases=("flat-one-buffer",)),
+               "buffer.", cases=("flat-one-buffer", "flat-wire")),
         Clause("skip-none", "params: parameters; those whose ``grad`` is ``None`` are skipped.",
                cases=("flat-no-grad", "flat-unused")),
         Clause("copy-back",
@@ -151,7 +153,8 @@ CONTRACT = {
                "The hook runs as soon as backward has accumulated that parameter's gradient and "
                "starts ``dist.all_reduce(p.grad, async_op=True)`` (it must not wait: backward "
                "goes on computing the earlier layers' gradients while this one travels).",
-               cases=("overlap-async", "overlap-during-backward", "overlap-calls")),
+               cases=("overlap-async", "overlap-during-backward", "overlap-calls",
+                      "overlap-wire")),
         Clause("finish",
                "``finish_gradient_synchronization()``, called after ``loss.backward()`` and "
                "before the optimizer step, waits for every started all-reduce and divides those "
@@ -186,7 +189,8 @@ CONTRACT = {
                "when the LAST one arrives, the bucket's gradients are flattened into one buffer "
                "and ``dist.all_reduce(buffer, async_op=True)`` starts (one per bucket per "
                "backward).",
-               cases=("buckets-calls", "buckets-async", "buckets-during-backward")),
+               cases=("buckets-calls", "buckets-async", "buckets-during-backward",
+                      "buckets-wire")),
         Clause("finish",
                "``finish_gradient_synchronization()`` waits for each bucket, divides by the "
                "world size and copies the values back into the ``p.grad`` (unflatten); "
