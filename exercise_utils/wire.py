@@ -42,6 +42,21 @@ VOLUME = {"all_reduce": _ALL_REDUCE, "reduce_scatter": _ALL_REDUCE,
           "send": (lambda n: 1, lambda n: 1), "barrier": (lambda n: 0, lambda n: 0)}
 
 
+# Headers per call of a small gloo collective (up to a few kB), bytes on all links together:
+# measured on the mesh (40 calls of 1 to 2048 elements, twice) and 7% added. 2 ranks: all-reduce
+# 2.86-3.08 kB (0.8 kB for one element), broadcast 383-394, all-gather 1.46-1.50 kB, gather 392,
+# barrier 740-780; 3 ranks: all-reduce 6.3-9.7 kB, broadcast 800-812, all-gather 4.67-4.69 kB,
+# gather 808, barrier 2.38-2.44 kB. Other sizes: 2 n (n - 1) messages of PER_MESSAGE. An
+# all-reduce of one element (8 bytes at most) takes gloo's short way ("scalar").
+HEADERS = {2: {"all_reduce": 3_300, "scalar": 900, "broadcast": 450, "all_gather": 1_650,
+               "gather": 450, "scatter": 450, "barrier": 850},
+           3: {"all_reduce": 10_400, "scalar": 1_750, "broadcast": 900, "all_gather": 5_100,
+               "gather": 900, "scatter": 900, "barrier": 2_700}}
+# Bytes beyond the calls of a gloo launch: the group's set-up, the probe's last barrier, its
+# teardown (an empty launch measured 4.2-5.3 kB with 2 ranks, 11.3-11.8 kB with 3)
+BASE = {2: 12_000, 3: 24_000}
+
+
 def volume(kind, nbytes, size):
     """``(least, most)`` bytes one call ``kind`` of ``nbytes`` puts on all links over ``size``
     ranks (see the module docstring), headers and set-up not included."""
@@ -62,6 +77,26 @@ def envelope(calls, size, setup=SETUP):
         messages += 1 if kind == "send" else 2 * size * (size - 1)
     return (int(least * (1 - OVERHEAD)),
             int(most * (1 + OVERHEAD) + messages * PER_MESSAGE + setup))
+
+
+def header(kind, nbytes, size):
+    """Bytes of headers one call ``kind`` of ``nbytes`` puts on all links over ``size`` ranks,
+    at most (:data:`HEADERS`)."""
+    if kind == "all_reduce" and nbytes <= 8:
+        kind = "scalar"
+    return HEADERS.get(size, {}).get(kind, 2 * size * (size - 1) * PER_MESSAGE)
+
+
+def small_calls(least_calls, most_calls, size, base=None):
+    """``(least, most)`` bytes on all links of a gloo launch of small calls, whose headers
+    outweigh their data: the least the data of ``least_calls`` (no set-up), the most the data
+    of ``most_calls`` with :data:`OVERHEAD`, their headers as measured (:func:`header`) and
+    ``base`` (default: :data:`BASE`'s for ``size``, else :data:`SETUP`)."""
+    least, _ = envelope(least_calls, size, setup=0)
+    data = sum(volume(kind, nbytes, size)[1] for kind, nbytes in most_calls)
+    heads = sum(header(kind, nbytes, size) for kind, nbytes in most_calls)
+    base = BASE.get(size, SETUP) if base is None else base
+    return least, int(data * (1 + OVERHEAD) + heads + base)
 
 
 def check(links, bounds, case, what, asked):

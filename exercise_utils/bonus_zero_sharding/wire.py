@@ -12,7 +12,7 @@ send to the most (:func:`bounds`); ``sharded-wire`` or ``checkpoint-wire`` fails
 
 The models are small (1462 elements at most): the headers of a call weigh as much as its data,
 so the most counts each call's headers as measured for small gloo collectives on the mesh
-(:data:`HEADERS`); the data and its overhead are the core's
+(:data:`exercise_utils.wire.HEADERS`); the data and its overhead are the core's
 (:func:`exercise_utils.wire.volume`, ``OVERHEAD``).
 
 Used in 07_bonus_zero_sharding (by :mod:`.checks` and :mod:`.checks_checkpoint`).
@@ -25,36 +25,15 @@ from . import probes
 from .checks_sharded import greedy
 from .replay import DEFAULT, SPECS
 
-# Headers per call of a small gloo collective, bytes on all links together: measured on the mesh
-# and 7% added (as notebook 06's: exercise_utils.build_your_own_ddp.wire). Other sizes: the
-# core's 2 n (n - 1) messages.
-HEADERS = {2: {"all_reduce": 3_300, "scalar": 900, "broadcast": 450, "all_gather": 1_650,
-               "gather": 450, "barrier": 850},
-           3: {"all_reduce": 10_400, "scalar": 1_750, "broadcast": 900, "all_gather": 5_100,
-               "gather": 900, "barrier": 2_700}}
-BASE = {2: 12_000, 3: 24_000}   # the group's set-up, the probe's last barrier, its teardown
-#                                  (an empty launch: 4.2-5.3 kB with 2 ranks, 11.3-11.8 kB with 3)
 PICKLED = 330                   # bytes a pickled state tensor takes beside its data (measured 300)
 LOOSE = 1.1                     # what a pickled shard may hold beside its state (ids, groups)
 NOISE = 0.03                    # two launches of the same training differ by up to 1.7%
 CASE = {"sharded": "sharded-wire", "checkpoint": "checkpoint-wire"}
 
 
-def header(kind, nbytes, size):
-    """Bytes of headers one call ``kind`` of ``nbytes`` puts on all links, at most."""
-    if kind == "all_reduce" and nbytes <= 8:
-        kind = "scalar"
-    return HEADERS.get(size, {}).get(kind, 2 * size * (size - 1) * wire.PER_MESSAGE)
-
-
 def bounds(least_calls, most_calls, size):
-    """``(least, most)`` bytes on all links: the least the data of ``least_calls``
-    (:func:`exercise_utils.wire.envelope`, no set-up), the most the data of ``most_calls``
-    with the core's overhead, their headers (:func:`header`) and :data:`BASE`."""
-    least, _ = wire.envelope(least_calls, size, setup=0)
-    data = sum(wire.volume(kind, nbytes, size)[1] for kind, nbytes in most_calls)
-    heads = sum(header(kind, nbytes, size) for kind, nbytes in most_calls)
-    return least, int(data * (1 + wire.OVERHEAD) + heads + BASE.get(size, wire.SETUP))
+    """``(least, most)`` bytes on all links (:func:`exercise_utils.wire.small_calls`)."""
+    return wire.small_calls(least_calls, most_calls, size)
 
 
 class Run:
@@ -204,7 +183,7 @@ def judge(links, stage, size, trained=None):
         low, high = checkpoint_calls(size)
         envelope = bounds(least + low, most + high, size)
         if trained:
-            own = bounds([], high, size)[1] - BASE.get(size, wire.SETUP)
+            own = bounds([], high, size)[1] - wire.BASE.get(size, wire.SETUP)
             envelope = envelope[0], min(envelope[1], int(trained * (1 + NOISE)) + own)
         what = "ShardedOptimizer's training, then consolidate_state_dict"
         asked += (", and each consolidation gathering every rank's optimizer state on rank "

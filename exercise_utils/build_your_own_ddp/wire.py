@@ -12,9 +12,9 @@ plus the probe's own (:func:`stage_calls`), from the least a right file can send
 
 The models are tiny (a few hundred elements): the headers of a call outweigh its data, so the
 most counts each call's headers as measured for small gloo collectives on the mesh
-(:data:`HEADERS`; :mod:`exercise_utils.wire` counts ``2 n (n - 1)`` messages of up to
-``PER_MESSAGE`` bytes for every kind, eight times what a small broadcast costs). The data and
-its overhead are the core's (:func:`exercise_utils.wire.volume`, ``OVERHEAD``).
+(:data:`exercise_utils.wire.HEADERS`; the core otherwise counts ``2 n (n - 1)`` messages of
+up to ``PER_MESSAGE`` bytes for every kind, eight times what a small broadcast costs). The data
+and its overhead are the core's (:func:`exercise_utils.wire.volume`, ``OVERHEAD``).
 
 Used in 06_build_your_own_ddp (by :mod:`.launches`).
 """
@@ -24,39 +24,17 @@ from . import reference as ref
 from .probes import BROADCAST_CASES, OPTIMIZER_CASES
 from .probes_grad import BUCKET_CASES, OVERLAP_CASES, REDUCE_CASES
 
-# Headers per call of a small gloo collective (up to a few kB), bytes on all links together:
-# measured on the mesh (40 calls of 1 to 2048 elements, twice) and 7% added. 2 ranks: all-reduce
-# 2.86-3.08 kB (0.8 kB for one element), broadcast 383-394, all-gather 1.46-1.50 kB, gather 392,
-# barrier 740-780; 3 ranks: all-reduce 6.3-9.7 kB, broadcast 800-812, all-gather 4.67-4.69 kB,
-# gather 808, barrier 2.38-2.44 kB. Other sizes: the core's 2 n (n - 1) messages. An
-# all-reduce of one element (8 bytes at most: the 0-d parameter) takes gloo's short way.
-HEADERS = {2: {"all_reduce": 3_300, "scalar": 900, "broadcast": 450, "all_gather": 1_650,
-               "gather": 450, "scatter": 450, "barrier": 850},
-           3: {"all_reduce": 10_400, "scalar": 1_750, "broadcast": 900, "all_gather": 5_100,
-               "gather": 900, "scatter": 900, "barrier": 2_700}}
-# Bytes beyond the calls: the group's set-up, the probe's last barrier, its teardown (an empty
-# launch measured 4.2-5.3 kB with 2 ranks; under mpiexec, with MPI's own set-up, 90-98 kB)
-BASE = {("none", 2): 12_000, ("none", 3): 24_000}
+# Bytes beyond the calls: the core's gloo BASE; under mpiexec, with MPI's own set-up (90-98 kB
+# measured), the core's SETUP
+BASE = {("none", 2): wire.BASE[2], ("none", 3): wire.BASE[3]}
 CASE = {"api": "api-wire", "naive": "naive-wire", "flat": "flat-wire",
         "overlap": "overlap-wire", "buckets": "buckets-wire"}
 
 
-def header(kind, nbytes, size):
-    """Bytes of headers one call ``kind`` of ``nbytes`` puts on all links over ``size`` ranks,
-    at most."""
-    if kind == "all_reduce" and nbytes <= 8:
-        kind = "scalar"
-    return HEADERS.get(size, {}).get(kind, 2 * size * (size - 1) * wire.PER_MESSAGE)
-
-
 def bounds(least_calls, most_calls, size, backend):
-    """``(least, most)`` bytes on all links of a launch of ``size`` ranks: the least the data
-    of ``least_calls`` (:func:`exercise_utils.wire.envelope`, no set-up), the most the data of
-    ``most_calls`` with the core's overhead, their headers (:func:`header`) and :data:`BASE`."""
-    least, _ = wire.envelope(least_calls, size, setup=0)
-    data = sum(wire.volume(kind, nbytes, size)[1] for kind, nbytes in most_calls)
-    heads = sum(header(kind, nbytes, size) for kind, nbytes in most_calls)
-    return least, int(data * (1 + wire.OVERHEAD) + heads + BASE.get((backend, size), wire.SETUP))
+    """``(least, most)`` bytes on all links of a launch of ``size`` ranks
+    (:func:`exercise_utils.wire.small_calls`, with :data:`BASE`)."""
+    return wire.small_calls(least_calls, most_calls, size, BASE.get((backend, size), wire.SETUP))
 
 
 def _item(spec):

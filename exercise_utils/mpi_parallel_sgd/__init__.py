@@ -4,7 +4,11 @@ rule all ranks agree on, one-shot model averaging), and what more processes buy 
 
 Modules:
 
-* ``checks``: the ``check_*`` functions of the notebook's CHECK cells;
+* ``checks``: the ``check_*`` functions of the notebook's CHECK cells (``check_convergence``
+  from ``checks_convergence``);
+* ``checks_convergence``: ``check_convergence`` (``converged`` and ``global_loss``);
+* ``wire``: what the checks' launches may put on the links between the ranks' hosts (the
+  judge's bounds, at grading);
 * ``probes``: what runs inside the MPI ranks those checks start;
 * ``inputs``: the inputs the probes give the student's functions, salted per rank
   at grading (the judge builds the expected values from the same salts);
