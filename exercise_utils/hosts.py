@@ -93,6 +93,7 @@ class Pool:
         self.root = Path(tempfile.mkdtemp(prefix="dtfs-hosts-"))
         (self.root / "ctl").mkdir()
         self.net, self.size, self.launches = None, 0, 0
+        self.visible = sandbox.own_install()   # under /tmp, yet in the zygotes' sight
         self.zygotes = {}            # host -> {"proc", "listener", "errors"}
         self._grow(size)
 
@@ -197,7 +198,9 @@ class Pool:
         self._grow(world_size)
         self.launches += 1
         k, name = self.launches, Path(student).name
-        private = any(Path(student).resolve().is_relative_to(p) for p in ("/tmp", "/dev/shm"))
+        where = Path(student).resolve()
+        private = (any(where.is_relative_to(p) for p in ("/tmp", "/dev/shm"))
+                   and not any(where.is_relative_to(p) for p in self.visible))
         copy = sandbox.policy() is not None or private    # (a sandbox's /tmp is its own)
         data = Path(student).read_bytes() if copy else None
         folders, students, kwfiles = [], [], []

@@ -78,7 +78,7 @@ def require():
         raise SandboxUnavailable(reason)
 
 
-def _own_install():
+def own_install():
     """The course's checkout, this interpreter's environment and the folders of ``PYTHONPATH``
     (the grader's: a student's process cannot set it) where they lie under ``/tmp`` or
     ``/dev/shm`` (a clone there, its ``.venv``, a test's helper modules), which the sandbox's
@@ -142,7 +142,7 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None):
             "--setenv", INSIDE, "1", *_machine(), "--dev", "/dev", "--proc", "/proc",
             "--tmpfs", "/tmp",
             "--tmpfs", "/dev/shm"]
-    for path in [*_own_install(), *readable]:
+    for path in [*own_install(), *readable]:
         path = Path(path).resolve()
         args += ["--ro-bind", str(path), str(path)]
     for path in hidden:

@@ -205,6 +205,10 @@ def _fork_rank(conn, listener, children):
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ.update(kept)              # (a sandbox's own marks: not the stub's to set)
+        # what a fresh interpreter would put first on sys.path from this environment (a
+        # zygote that outlives launches may have started under another PYTHONPATH)
+        sys.path[0:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                         if p and p not in sys.path]
         os.chdir(request["cwd"])
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)

