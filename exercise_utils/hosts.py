@@ -89,7 +89,9 @@ class Pool:
     """
 
     def __init__(self, size=SIZE):
-        self.tag = f"{os.getpid()}:{uuid.uuid4().hex}"
+        # (not "<pid>:...", the tag of a launch of this process: what outlives every launch
+        # is no launch's process left behind, notebooks 03 and 05 count those)
+        self.tag = f"hosts-{os.getpid()}:{uuid.uuid4().hex}"
         self.root = Path(tempfile.mkdtemp(prefix="dtfs-hosts-"))
         (self.root / "ctl").mkdir()
         self.net, self.size, self.launches = None, 0, 0
