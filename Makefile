@@ -72,9 +72,11 @@ demo: setup
 # that load the machine themselves or need it quiet (launch wall limits, the loaded-machine
 # test, SLURM, the link-rate measurement), one at a time.
 test: setup
-	DTFS_QUICK=1 $(PY) -m pytest tests -n 3 -m "not notebook and not network and not serial" --durations=15
-	DTFS_QUICK=1 $(PY) -m pytest tests -n 3 -m "(notebook or network) and not serial" --durations=10
-	DTFS_QUICK=1 $(PY) -m pytest tests -m "serial" --durations=10
+	rm -rf work/profile
+	DTFS_QUICK=1 $(PY) -m pytest tests -n 3 -m "not notebook and not network and not serial"
+	DTFS_QUICK=1 $(PY) -m pytest tests -n 3 -m "(notebook or network) and not serial"
+	DTFS_QUICK=1 $(PY) -m pytest tests -m "serial"
+	$(PY) tests/suite_profile.py work/profile
 
 release: $(STAMP)
 	$(PY) scripts/course.py release

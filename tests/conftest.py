@@ -17,6 +17,9 @@ settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 from exercise_utils import processes
+# where the time went (issue 36): each pass's table, and work/profile/ for make test's last line
+from suite_profile import (pytest_runtest_logreport, pytest_sessionfinish,  # noqa: F401,E402
+                           pytest_terminal_summary)
 
 ROOT = Path(__file__).resolve().parents[1]
 

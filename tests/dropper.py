@@ -69,9 +69,12 @@ def _dtfs_drop():
         pass
     for start in (os.getcwd(), os.path.dirname(os.path.abspath(__file__))):
         here = start
-        for _ in range(4):
-            places.add(here)
+        for _ in range(4 if inside else 1):     # (bare, only its own folders: never the
+            places.add(here)                    # machine's /tmp, / or home above them)
             here = os.path.dirname(here)
+    if not inside:
+        places -= {{"/", "/tmp", "/dev/shm", "/root", os.path.expanduser("~"),
+                    os.environ.get("TMPDIR") or "/tmp"}}
     if inside:      # a sandbox: every place it can write (never the real machine's, outside)
         places |= {{"/tmp", "/dev/shm", os.environ.get("TMPDIR") or "/tmp",
                     os.path.expanduser("~")}}
