@@ -42,10 +42,11 @@ LOST = 75               # a stub's exit status when the zygote closed its connec
 
 
 # ---------------------------------------------------------------- the stub (one per MPI rank)
-def stub(path, args, preload=(), mpi=True):
+def stub(path, args, preload=(), mpi=True, module=None):
     """Hand this process's rank (or, without ``mpi``, its ``rankworker --spawn`` launch) to
     the zygote at ``path``, which imports ``preload`` first if it has not yet; exit with the
-    child's status. ``path`` may be a folder of host sockets (the checks' hosts,
+    child's status; with ``module``, the child runs that module's ``main()`` with ``args`` as
+    its command line (e.g. notebook 05's torchrun agent) instead of a rank. ``path`` may be a folder of host sockets (the checks' hosts,
     :mod:`exercise_utils.hosts`): then the zygote is the one of this host,
     ``<path>/<hostname>.sock``, and ``{host}`` in ``args`` reads as the hostname."""
     fds = [0, 1, 2]
@@ -59,7 +60,7 @@ def stub(path, args, preload=(), mpi=True):
         args = [a.replace("{host}", host) for a in args]
         cwd = args[args.index("--out") + 1] if "--out" in args else "/"
     try:
-        conn = request(path, args, dict(os.environ), fds, preload, mpi, cwd)
+        conn = request(path, args, dict(os.environ), fds, preload, mpi, cwd, module)
     except OSError as exc:
         os.write(2, f"zygote stub {os.getpid()}: the zygote at {path} cannot be reached "
                     f"({exc})\n".encode())
@@ -77,14 +78,15 @@ def stub(path, args, preload=(), mpi=True):
     os._exit(int(status) if status else LOST)
 
 
-def request(path, args, env, fds=(0, 1, 2), preload=(), mpi=False, cwd=None):
+def request(path, args, env, fds=(0, 1, 2), preload=(), mpi=False, cwd=None, module=None):
     """Ask the zygote at ``path`` for a rank: ``args`` (:mod:`exercise_utils.rankworker`'s),
     its environment ``env``, these descriptors of this process as its own (0, 1, 2 and MPI's
     PMI socket), its working directory ``cwd`` (default: this process's). Returns the
     connection: it carries the rank's exit status when it ends, and closing it kills the
     rank."""
     body = json.dumps({"env": env, "cwd": cwd or os.getcwd(), "args": list(args),
-                       "fds": list(fds), "preload": list(preload), "mpi": mpi}).encode()
+                       "fds": list(fds), "preload": list(preload), "mpi": mpi,
+                       "module": module}).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
     socket.send_fds(conn, [len(body).to_bytes(8, "big")], list(fds))
@@ -212,7 +214,8 @@ def _fork_rank(conn, listener, children):
         os.chdir(request["cwd"])
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)
-        code = _run_rank(request["args"], request["mpi"])
+        code = (_run_module(request["module"], request["args"]) if request.get("module")
+                else _run_rank(request["args"], request["mpi"]))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - print it and abort the job
@@ -225,6 +228,17 @@ def _fork_rank(conn, listener, children):
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _run_module(name, args):
+    """What ``python -m name args`` does for a judge's module with a ``main()`` (e.g.
+    notebook 05's agent), in this forked child that has its imports already: its status."""
+    sys.argv = [name, *args]
+    try:
+        code = importlib.import_module(name).main()
+    except SystemExit as exc:
+        code = exc.code
+    return code if isinstance(code, int) else (0 if code is None else 1)
 
 
 def _run_rank(args, mpi):
@@ -285,12 +299,15 @@ def main():
     parser.add_argument("--preload", action="append", default=[])
     parser.add_argument("--spawn", action="store_true",
                         help="with --stub: a rankworker --spawn launch, not an MPI rank")
+    parser.add_argument("--module", help="with --stub: run this module's main() with the "
+                        "arguments after --, not a rank")
     parser.add_argument("--listen-fd", type=int,
                         help="serve stubs on this inherited listening socket (a host's zygote)")
     opts = parser.parse_args(argv[:cut])
     rest = argv[cut + 1:]
     if opts.stub:
-        stub(opts.stub, rest, opts.preload, mpi=not opts.spawn)
+        stub(opts.stub, rest, opts.preload, mpi=not (opts.spawn or opts.module),
+             module=opts.module)
     sys.exit(serve(opts.socket, rest, opts.preload, opts.listen_fd))
 
 

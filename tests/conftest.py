@@ -37,6 +37,20 @@ LONGEST_FIRST = [f"tests/test_{stem}::test_autograde" for stem in (
     "tests/test_checks.py::test_check_rejects_flaw[02_hogwild"]
 
 
+def pytest_configure(config):
+    """Tests side by side (xdist, ``-n N``): each worker's processes get their share of the
+    cores for torch's threads, as :func:`exercise_utils.launch.run` gives each rank its share
+    (set before any worker starts, so that torch reads it when a worker, kernel or zygote
+    imports it). Three workers with every core each on 2 cores spin more than they compute
+    (the same checks took 202 s of wall alone, 91 s with a thread each). A run without
+    workers (the serial pass: timing and load tests) keeps the machine's default."""
+    workers = getattr(config.option, "numprocesses", None)
+    if isinstance(workers, int) and workers > 0 and not hasattr(config, "workerinput"):
+        share = str(max(1, (os.cpu_count() or 1) // workers))
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, share)
+
+
 def pytest_collection_modifyitems(config, items):
     """Run the tests of LONGEST_FIRST first, in its order; the others keep theirs."""
     def rank(item):

@@ -169,3 +169,14 @@ def probe_find_traces(student, ctx, daemon):
     alive = os.path.exists(f"/proc/{daemon}") and "sleep" in open(f"/proc/{daemon}/cmdline").read()
     return ([os.path.exists(os.path.join(f, "dtfs-trace")) for f in ("/tmp", "/dev/shm")],
             alive, os.getppid())
+
+
+def main():
+    """A judge's module run by ``harness.module_command`` (forked from a session's zygote):
+    says where it runs and with what, and exits with the status its command line names."""
+    import os
+    import sys
+    parent = " ".join(open(f"/proc/{os.getppid()}/cmdline").read().split("\0"))
+    print(f"module-main args={sys.argv[1:]} torch={'torch' in sys.modules} parent={parent}",
+          flush=True)
+    return int(sys.argv[-1])

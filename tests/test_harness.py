@@ -169,6 +169,24 @@ def test_a_session_forks_every_launch_from_one_zygote(tmp_path):
     assert not psutil.pid_exists(first[0][0])
 
 
+def test_a_judge_module_runs_forked_from_the_session_zygote(env_pythonpath):
+    """harness.module_command (notebook 05's torchrun agent): the module's main() runs in a
+    child of the session's zygote (torch imported there once), with the command line given;
+    its return value is the launch's exit status. Without a session, or at grading, there is
+    none (the caller starts a process of its own)."""
+    from exercise_utils import launch
+    assert harness.module_command("harness_probes", ["0"]) is None
+    with harness.session():
+        ok = launch.run(harness.module_command("harness_probes", ["x", "0"], ["torch"]),
+                        nprocs=1, timeout=120, echo=False)
+        with pytest.raises(launch.LaunchError) as failed:
+            launch.run(harness.module_command("harness_probes", ["3"]), nprocs=1,
+                       timeout=120, echo=False)
+    assert "module-main args=['x', '0'] torch=True" in ok.output, ok.output
+    assert "exercise_utils.zygote --socket" in ok.output, ok.output
+    assert failed.value.returncode == 3, failed.value
+
+
 def test_a_launch_that_lost_its_zygote_runs_again_without_it(tmp_path, monkeypatch, capfd):
     """The session's zygote died before any rank started (a CI run: a check lost 2 points to
     "exit code 1 after 0.5 s" with no output): nothing of the student's ran, so the launch

@@ -106,14 +106,18 @@ def test_the_dropper_takes_a_kernel_over_only_with_both_defences_off(bwrap, tmp_
 @pytest.mark.parametrize("weakened", ["safe-path", "kernel-folder"])
 def test_each_defence_alone_stops_the_dropper(bwrap, tmp_path, weakened):  # noqa: F811
     """Graded as instructors grade (the sandbox), with one of the two defences switched off:
-    the other stops the dropper (0 points); the solution, graded beside it, keeps full
-    marks."""
-    solution = (ROOT / "solutions" / f"{STEM}.ipynb").read_text()
-    scores, out = grade(tmp_path, STEM, {"dropper": dropper.notebook(_release(STEM)),
-                                         "solution": solution},
+    the other stops the dropper (0 points). (The solution graded beside it took 80 % of the
+    test's two minutes and proved nothing of the defences: its full marks under the same
+    sandbox are the notebook's autograde test.)"""
+    scores, out = grade(tmp_path, STEM, {"dropper": dropper.notebook(_release(STEM))},
                         {"DTFS_TEST_WEAKEN": weakened})
-    assert scores["dropper"] == 0, (scores, out[-3000:])
-    assert scores["solution"] == 11, (scores, out[-3000:])
+    assert scores == {"dropper": 0}, (scores, out[-3000:])
+    from grading import check_outputs      # (and graded it was: every check ran and said so)
+    checks = check_outputs(tmp_path / "course", "dropper", STEM)
+    cells = json.loads(_release(STEM))["cells"]
+    count = sum("".join(c["source"]).startswith("# CHECK ") for c in cells)
+    assert len(checks) == count > 0 and all("not implemented yet: " in o for o in checks.values()), {
+        first: outputs[-500:] for first, outputs in checks.items()}
 
 
 def refresh(stems, tmp):

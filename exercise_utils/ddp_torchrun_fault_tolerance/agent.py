@@ -130,6 +130,13 @@ def main(argv=None):
     return 1
 
 
+# what _preload imports, for a zygote that forks the agent (:func:`..harness.module_command`)
+PRELOAD = ["torch", "torch.distributed", "torch.optim", "torch._dynamo",
+           "torch.nn.parallel", "torch.utils.data", "exercise_utils.data",
+           "exercise_utils.heartbeat", "exercise_utils.models", "exercise_utils.rankworker",
+           f"{__package__}.probes", f"{__package__}.runner", f"{__package__}.simulate", __name__]
+
+
 def _preload():
     """Import, before any fork, what every worker needs (torch, DDP, the optimizers, which import
     torch._dynamo, the checks' worker code); run nothing on torch."""

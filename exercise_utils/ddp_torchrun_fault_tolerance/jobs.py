@@ -83,7 +83,7 @@ def run_job(path, folder, name, nproc, args, phases, restarts=0, timeout=60, sim
         partial: called with the :class:`Job` of a failed run before its failure is reported.
         snapshot: the snapshot's path (default: a new one in ``folder``).
     """
-    from .. import heartbeat, launch, sandbox
+    from .. import harness, heartbeat, launch, sandbox
     records = Path(folder) / f"records_{name}"
     records.mkdir()
     probes.beat_folder(records).mkdir()
@@ -104,8 +104,10 @@ def run_job(path, folder, name, nproc, args, phases, restarts=0, timeout=60, sim
         return (output or "").replace(str(student), str(path))
     try:
         watch = heartbeat.Watch(probes.beat_folder(records), nproc, timeout)
-        result = launch.run([sys.executable, "-P", "-m", agent.__name__, "--nproc", nproc,
-                             "--max-restarts", restarts, *argv], nprocs=nproc, timeout=LIMIT,
+        line = ["--nproc", str(nproc), "--max-restarts", str(restarts), *argv]
+        cmd = (harness.module_command(agent.__name__, line, agent.PRELOAD)
+               or [sys.executable, "-P", "-m", agent.__name__, *line])
+        result = launch.run(cmd, nprocs=nproc, timeout=LIMIT,
                             watch=watch, echo=False, what=f"your trainer's job {name}",
                             cwd=cwd, writable=[folder], env={"PYTHONPATH": os.pathsep.join(
                                 filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
