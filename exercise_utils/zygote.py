@@ -212,6 +212,7 @@ def _fork_rank(conn, listener, children):
         sys.path[0:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                          if p and p not in sys.path]
         os.chdir(request["cwd"])
+        _fresh_random_state()
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)
         code = (_run_module(request["module"], request["args"]) if request.get("module")
@@ -228,6 +229,17 @@ def _fork_rank(conn, listener, children):
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _fresh_random_state():
+    """Seed Python's and numpy's global random numbers from the OS, as a fresh interpreter
+    does: every child of one zygote would otherwise start from the same state (notebook
+    05's check of snapshots that leave numpy's out then saw a resumed job equal the first)."""
+    import random
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def _run_module(name, args):

@@ -22,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = Path(os.environ.get("DTFS_PROFILE", ROOT / "work" / "profile"))
 BUDGET = ROOT / "tests" / "budget.json"
+SHORT = {"not notebook and not network and not serial": "checks",      # make test's passes
+         "(notebook or network) and not serial": "notebooks", "serial": "serial"}
 SLOW = 20.0                     # seconds: every test over this is listed by name
 
 _seconds = defaultdict(float)
@@ -127,7 +129,7 @@ def table(records, budgets):
     per_pkg = [shares(r) for r in records]
     pkgs = sorted({k for p in per_pkg for k in p})
     lines.append("")
-    head = "  ".join(f"{n[:9]:>9}" for n in names)
+    head = "  ".join(f"{SHORT.get(n, n)[:9]:>9}" for n in names)
     lines.append(f"wall seconds per notebook package (its share of each pass)")
     lines.append(f"  {'package':<8} {head}  {'total':>7}" + ("  budget" if budgets else ""))
     over = []
