@@ -207,6 +207,12 @@ def _pump(proc, sel, lines, echo, partial, wait, bars=None):
     return True
 
 
+def core_share(processes):
+    """Each of ``processes`` processes' share of this machine's cores (at least 1): the torch
+    threads a launched rank gets, and a forked rank or a test worker takes."""
+    return max(1, (os.cpu_count() or 1) // max(1, processes))
+
+
 def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_process=None,
         nprocs=1, watch=None, sandboxed=False, writable=None):
     """Run ``cmd`` with live output and a hard timeout; kill every process it started.
@@ -246,7 +252,7 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
     tag = f"{os.getpid()}:{uuid.uuid4().hex}"    # owner pid first: see tests/conftest.py
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(free_port()), **(env or {}), TAG: tag}
-    threads = threads_per_process or max(1, (os.cpu_count() or 1) // max(1, nprocs))
+    threads = threads_per_process or core_share(nprocs)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if threads_per_process or var not in os.environ:
             full_env[var] = str(threads)

@@ -14,7 +14,7 @@ import uuid
 import psutil
 
 from .launch import (HANG_HINT, LaunchError, LaunchTimeout, RunResult, _describe, _signal_name,
-                     _tail, free_port)
+                     _tail, core_share, free_port)
 from .processes import TAG, cleanup, die_with_parent, remember_children
 
 
@@ -60,7 +60,7 @@ def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo
     tag = f"{os.getpid()}:{uuid.uuid4().hex}"    # owner pid first: see tests/conftest.py
     base = {**os.environ, "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(free_port()), **(env or {}), TAG: tag}
-    threads = threads_per_process or max(1, (os.cpu_count() or 1) // max(1, nprocs * len(cmds)))
+    threads = threads_per_process or core_share(nprocs * len(cmds))
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if threads_per_process or var not in os.environ:
             base[var] = str(threads)

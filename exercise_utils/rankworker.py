@@ -261,9 +261,9 @@ def _share_threads(size):
     torch = sys.modules.get("torch")
     if torch is None:
         return
+    from .launch import core_share
     given = os.environ.get("OMP_NUM_THREADS", "")
-    threads = int(given) if given.isdigit() and int(given) > 0 else max(
-        1, (os.cpu_count() or 1) // max(1, size))
+    threads = int(given) if given.isdigit() and int(given) > 0 else core_share(size)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
 

@@ -46,9 +46,10 @@ def stub(path, args, preload=(), mpi=True, module=None):
     """Hand this process's rank (or, without ``mpi``, its ``rankworker --spawn`` launch) to
     the zygote at ``path``, which imports ``preload`` first if it has not yet; exit with the
     child's status; with ``module``, the child runs that module's ``main()`` with ``args`` as
-    its command line (e.g. notebook 05's torchrun agent) instead of a rank. ``path`` may be a folder of host sockets (the checks' hosts,
-    :mod:`exercise_utils.hosts`): then the zygote is the one of this host,
-    ``<path>/<hostname>.sock``, and ``{host}`` in ``args`` reads as the hostname."""
+    its command line (e.g. notebook 05's torchrun agent) instead of a rank. ``path`` may be a
+    folder of host sockets (the checks' hosts, :mod:`exercise_utils.hosts`): then the zygote
+    is the one of this host, ``<path>/<hostname>.sock``, and ``{host}`` in ``args`` reads as
+    the hostname."""
     fds = [0, 1, 2]
     pmi = os.environ.get("PMI_FD")
     if pmi is not None:

@@ -53,7 +53,8 @@ def pytest_configure(config):
     workers (the serial pass: timing and load tests) keeps the machine's default."""
     workers = getattr(config.option, "numprocesses", None)
     if isinstance(workers, int) and workers > 0 and not hasattr(config, "workerinput"):
-        share = str(max(1, (os.cpu_count() or 1) // workers))
+        from exercise_utils.launch import core_share
+        share = str(core_share(workers))
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, share)
 

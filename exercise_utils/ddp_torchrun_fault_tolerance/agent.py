@@ -130,24 +130,22 @@ def main(argv=None):
     return 1
 
 
-# what _preload imports, for a zygote that forks the agent (:func:`..harness.module_command`)
+# what every worker needs (torch, DDP, the optimizers, which import torch._dynamo, the checks'
+# worker code): imported before any fork, here or by a zygote that forks the agent
+# (:func:`..harness.module_command`)
 PRELOAD = ["torch", "torch.distributed", "torch.optim", "torch._dynamo",
            "torch.nn.parallel", "torch.utils.data", "exercise_utils.data",
            "exercise_utils.heartbeat", "exercise_utils.models", "exercise_utils.rankworker",
-           f"{__package__}.probes", f"{__package__}.runner", f"{__package__}.simulate", __name__]
+           "exercise_utils.ddp_torchrun_fault_tolerance.probes",
+           "exercise_utils.ddp_torchrun_fault_tolerance.runner",
+           "exercise_utils.ddp_torchrun_fault_tolerance.simulate"]
 
 
 def _preload():
-    """Import, before any fork, what every worker needs (torch, DDP, the optimizers, which import
-    torch._dynamo, the checks' worker code); run nothing on torch."""
-    import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
-    import torch.optim  # noqa: F401
-    import torch._dynamo  # noqa: F401
-    from torch.nn.parallel import DistributedDataParallel  # noqa: F401
-    from torch.utils.data import DataLoader  # noqa: F401
-    from .. import data, heartbeat, models, rankworker  # noqa: F401
-    from . import probes, runner, simulate  # noqa: F401
+    """Import PRELOAD before any fork; run nothing on torch."""
+    import importlib
+    for name in PRELOAD:
+        importlib.import_module(name)
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ def run_job(path, folder, name, nproc, args, phases, restarts=0, timeout=60, sim
     try:
         watch = heartbeat.Watch(probes.beat_folder(records), nproc, timeout)
         line = ["--nproc", str(nproc), "--max-restarts", str(restarts), *argv]
-        cmd = (harness.module_command(agent.__name__, line, agent.PRELOAD)
+        cmd = (harness.module_command(agent.__name__, line, [*agent.PRELOAD, agent.__name__])
                or [sys.executable, "-P", "-m", agent.__name__, *line])
         result = launch.run(cmd, nprocs=nproc, timeout=LIMIT,
                             watch=watch, echo=False, what=f"your trainer's job {name}",
