@@ -125,12 +125,25 @@ def _global(group, group_rank):
 class _Recorded:
     """Stands for a ``torch.distributed`` function: logs each call, then makes it."""
 
-    def __init__(self, name, fn, log, paths, peers):
+    def __init__(self, name, fn, log, paths, peers, depth):
         self.name, self.fn, self.log, self.paths, self.peers = name, fn, log, paths, peers
+        self.depth = depth              # [calls of recorded functions under way], shared
         self.__name__ = self.__qualname__ = name
         self.__doc__ = fn.__doc__
 
     def __call__(self, *args, **kwargs):
+        if self.depth[0]:
+            # made by a recorded call under way: torch 2.14's dist.send is isend + wait, its
+            # dist.recv irecv + wait, send_object_list a send: the student's one call is
+            # one message, logged once, by the outermost
+            return self.fn(*args, **kwargs)
+        self.depth[0] += 1
+        try:
+            return self._call(args, kwargs)
+        finally:
+            self.depth[0] -= 1
+
+    def _call(self, args, kwargs):
         if self.name in P2P:
             tensor = args[0] if args else kwargs.get("tensor")
             key = "dst" if self.name in SENDS else "src"
@@ -169,7 +182,8 @@ class _Recording:
         paths = self._watch.__enter__()
         names = [n for n in P2P + OTHER if hasattr(dist, n)]
         self.originals = {n: getattr(dist, n) for n in names}
-        wrapped = {n: _Recorded(n, f, self.log, paths, self.peers)
+        depth = [0]
+        wrapped = {n: _Recorded(n, f, self.log, paths, self.peers, depth)
                    for n, f in self.originals.items()}
         by_id = {id(f): wrapped[n] for n, f in self.originals.items()}
         self.rebound = {k: v for k, v in vars(self.student).items() if id(v) in by_id}
