@@ -65,16 +65,16 @@ lab-instructor: setup
 demo: setup
 	$(PY) -m exercise_utils.mpi_parallel_sgd.demo
 
-# Three passes: the checker and unit tests three at a time on 2 cores (pytest-xdist; a check's
-# ranks often wait: for a peer, a timeout, a hang to show; checks call a hang a hang only when
-# the ranks stop making progress, so a busy machine only slows them), then the notebook runs
-# and the network-namespace tests three at a time (they assert no tight timings), then the tests
-# that load the machine themselves or need it quiet (launch wall limits, the loaded-machine
-# test, SLURM, the link-rate measurement), one at a time.
+# Two passes: every test but the serial ones three at a time on 2 cores (pytest-xdist; a
+# check's ranks often wait: for a peer, a timeout, a hang to show; checks call a hang a hang
+# only when the ranks stop making progress, so a busy machine only slows them; the notebook
+# and network tests assert no tight timings), an idle worker taking tests from a busy one's
+# queue (worksteal: no worker runs the last long tests alone); then the tests that load the
+# machine themselves or need it quiet (launch wall limits, the loaded-machine test, SLURM, the
+# link-rate measurement), one at a time.
 test: setup
 	rm -rf work/profile
-	DTFS_QUICK=1 $(PY) -m pytest tests -n 3 -m "not notebook and not network and not serial"
-	DTFS_QUICK=1 $(PY) -m pytest tests -n 3 -m "(notebook or network) and not serial"
+	DTFS_QUICK=1 $(PY) -m pytest tests -n 3 --dist worksteal -m "not serial"
 	DTFS_QUICK=1 $(PY) -m pytest tests -m "serial"
 	$(PY) tests/suite_profile.py work/profile
 

@@ -60,11 +60,46 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Run the tests of LONGEST_FIRST first, in its order; the others keep theirs."""
+    """Run the tests of LONGEST_FIRST first, in its order; the others keep theirs. Under
+    ``--dist worksteal`` with N workers, xdist hands each worker a contiguous slice of this
+    order at the start (then an idle worker takes half of the longest queue's tail): the
+    long tests are dealt round the slices, each slice starting with its share of them, so
+    that no worker starts with all of them and none is left running them alone at the end."""
     def rank(item):
         return next((i for i, prefix in enumerate(LONGEST_FIRST)
                      if item.nodeid.startswith(prefix)), len(LONGEST_FIRST))
     items.sort(key=rank)
+    workers = getattr(config.option, "numprocesses", None)
+    if getattr(config.option, "dist", None) == "worksteal" and isinstance(workers, int) \
+            and workers > 1:
+        items[:] = dealt(items, [rank(item) < len(LONGEST_FIRST) for item in items], workers)
+
+
+def slice_sizes(total, workers):
+    """The sizes of the slices xdist's worksteal scheduler sends ``workers`` idle workers
+    from ``total`` tests: each takes the pending tests // the workers still to serve."""
+    sizes = []
+    for i in range(workers):
+        sizes.append((total - sum(sizes)) // (workers - i))
+    return sizes
+
+
+def dealt(items, long_, workers):
+    """``items`` reordered as ``workers`` consecutive slices (:func:`slice_sizes`): the long
+    ones (``long_``, in their order) dealt round the slices first, then the others, in their
+    order, filling each slice in turn."""
+    sizes = slice_sizes(len(items), workers)
+    piles = [[] for _ in range(workers)]
+    longs = [item for item, is_long in zip(items, long_) if is_long]
+    rest = [item for item, is_long in zip(items, long_) if not is_long]
+    for i, item in enumerate(longs):
+        free = [k for k in range(workers) if len(piles[k]) < sizes[k]]
+        piles[min(free, key=lambda k: ((i - k) % workers, k))].append(item)
+    for k in range(workers):
+        take = sizes[k] - len(piles[k])
+        piles[k] += rest[:take]
+        rest = rest[take:]
+    return [item for pile in piles for item in pile]
 
 
 def _ours_or_orphaned(tag):

@@ -22,12 +22,33 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = Path(os.environ.get("DTFS_PROFILE", ROOT / "work" / "profile"))
 BUDGET = ROOT / "tests" / "budget.json"
-SHORT = {"not notebook and not network and not serial": "checks",      # make test's passes
-         "(notebook or network) and not serial": "notebooks", "serial": "serial"}
+SHORT = {"not serial": "parallel", "serial": "serial"}          # make test's passes
 SLOW = 20.0                     # seconds: every test over this is listed by name
 
 _seconds = defaultdict(float)
 _outcomes = {}
+
+
+def cpu_ticks():
+    """(busy, all) clock ticks of every core since boot, from /proc/stat (None elsewhere)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)         # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+_cpu_start = cpu_ticks()        # this module is imported when the pass starts (conftest)
+
+
+def cpu_busy(start, end):
+    """The fraction of the cores' time that was busy between two :func:`cpu_ticks`: near 1, a
+    pass is bound by the CPU (more tests side by side cannot help); well below, its tests wait
+    (for a timeout, a peer, a sleep) and more of them side by side would fill the cores."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return round((end[0] - start[0]) / (end[1] - start[1]), 3)
 
 
 def package(nodeid):
@@ -66,7 +87,8 @@ def pytest_sessionfinish(session, exitstatus):
     wall = time.time() - psutil.Process().create_time()      # the whole pass, start-up included
     record = {"pass": label(config), "wall": round(wall, 1),
               "workers": getattr(config.option, "numprocesses", None) or 1,
-              "exitstatus": int(exitstatus), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "cpu_busy": cpu_busy(_cpu_start, cpu_ticks()), "exitstatus": int(exitstatus),
+              "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "tests": {k: round(v, 2) for k, v in sorted(_seconds.items())},
               "outcomes": _outcomes}
     FOLDER.mkdir(parents=True, exist_ok=True)
@@ -109,10 +131,12 @@ def table(records, budgets):
     width = max(12, *(len(n) for n in names))
     lines.append("")
     lines.append("=" * 30 + " where the time went " + "=" * 30)
-    lines.append(f"{'pass':<{width}}  {'wall':>6}  {'tests':>5}  {'test s':>7}  workers")
+    lines.append(f"{'pass':<{width}}  {'wall':>6}  {'tests':>5}  {'test s':>7}  workers  cpu busy")
     for r in records:
+        busy = r.get("cpu_busy")
         lines.append(f"{r['pass']:<{width}}  {_mmss(r['wall']):>6}  {len(r['tests']):>5}  "
-                     f"{sum(r['tests'].values()):>7.0f}  {r['workers']}")
+                     f"{sum(r['tests'].values()):>7.0f}  {r['workers']:>7}  "
+                     + (f"{busy:>7.0%}" if busy is not None else "      ?"))
     if len(records) > 1:
         lines.append(f"{'all':<{width}}  {_mmss(sum(r['wall'] for r in records)):>6}  "
                      f"{sum(len(r['tests']) for r in records):>5}")
@@ -135,7 +159,7 @@ def table(records, budgets):
     over = []
     for k in pkgs:
         total = sum(p.get(k, 0) for p in per_pkg)
-        cells = "  ".join(f"{p.get(k, 0):>9.0f}" for p in per_pkg)
+        cells = "  ".join(f"{p.get(k, 0):>9.0f}" for p in per_pkg) + f"  {total:>7.0f}"
         extra = ""
         if budgets:
             limit = budgets.get(k)
@@ -143,7 +167,7 @@ def table(records, budgets):
             if limit is None or total > limit:
                 extra += "  OVER" if limit is not None else "  NO BUDGET"
                 over.append((k, total, limit))
-        lines.append(f"  {k:<8} {cells}  {total:>7.0f}{extra}")
+        lines.append(f"  {k:<8} {cells}{extra}")
     # slow tests
     slow = sorted(((s, n) for r in records for n, s in r["tests"].items() if s > SLOW),
                   reverse=True)
@@ -164,8 +188,7 @@ def main(argv):
     if not records:
         print(f"no profile in {folder}: run make test first")
         return 1
-    order = {"not notebook and not network and not serial": 0,
-             "(notebook or network) and not serial": 1, "serial": 2}
+    order = {"not serial": 0, "serial": 1}
     records.sort(key=lambda r: (order.get(r["pass"], 3), r["finished"]))
     budgets = json.loads(BUDGET.read_text())["seconds"] if BUDGET.exists() else {}
     print("\n".join(table(records, budgets)))
