@@ -388,24 +388,51 @@ def agent_command(script, nnodes, nproc_per_node, endpoint, rdzv_id, args=(), mo
             str(script), *map(str, args)]
 
 
-def torchrun(script, nproc, args=(), nnodes=1, port=None, extra=(), **kwargs):
+ZYGOTE = ["-P", "-m", "exercise_utils.zygote"]
+# what every torchrun job's zygote imports once, before its agent and workers are forked
+TORCHRUN_PRELOAD = ("numpy", "torch", "torch.distributed", "torch.distributed.run")
+
+
+def torchrun(script, nproc, args=(), nnodes=1, port=None, extra=(), fork=True, **kwargs):
     """Run ``torchrun --nproc-per-node N script args...`` on a fresh free port.
 
+    On one node the agent and its workers are forked from one process that imported torch
+    once (:mod:`exercise_utils.zygote`, started for this job, inside its sandbox at grading):
+    each worker runs ``script`` as ``python -u`` would, with the environment torchrun gives
+    it, and its exit status (a signal too) reaches the agent as a fresh worker's would.
+    Importing torch in the agent and in every worker cost ~2 s of CPU each, most of a short
+    job's time on 2 cores.
+
     Args:
-        script: the training script.
+        script: the training script (a module with ``extra=["-m"]``).
         nproc: workers on this node.
         nnodes: number of nodes (agents); for more than one, start each agent yourself.
         port: rendezvous port (default: a free one).
         extra: more torchrun options, e.g. ``["--max-restarts", "2"]``.
+        fork: False: the agent and every worker a fresh interpreter of their own (what a
+            job whose workers measure their own memory needs).
         kwargs: passed to :func:`run`.
     Returns:
         RunResult.
     """
     port = port or free_port()
     kwargs["env"] = {**FRESH_STORE_ENV, **(kwargs.get("env") or {})}
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-           *map(str, extra), str(script), *map(str, args)]
+    options = [f"--nproc-per-node={nproc}", f"--nnodes={nnodes}", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{port}"]
+    extra = [str(e) for e in extra]
+    if fork and nnodes == 1 and "--no-python" not in extra:
+        module = "-m" in extra or "--module" in extra
+        kind = "module" if module else "path"
+        extra = [e for e in extra if e not in ("-m", "--module")]
+        cmd = [sys.executable, *ZYGOTE, "--socket", "auto", "--no-hold",
+               *[a for name in TORCHRUN_PRELOAD for a in ("--preload", name)], "--",
+               sys.executable, *ZYGOTE, "--stub", "auto", "--module", "torch.distributed.run",
+               "--", *options, *extra, "--no-python",
+               sys.executable, *ZYGOTE, "--stub", "auto", "--script", kind, "--",
+               str(script), *map(str, args)]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", *options, *extra, str(script),
+               *map(str, args)]
     kwargs.setdefault("what", f"`torchrun --nproc-per-node {nproc} {script}`")
     if kwargs.get("echo", True) is True:
         kwargs["echo"] = AgentReport()

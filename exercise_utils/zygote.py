@@ -37,12 +37,13 @@ from pathlib import Path
 
 FDS = 8                 # at most this many descriptors travel with a request
 KEEP = ("DTFS_SANDBOXED",)  # the zygote's own environment a rank keeps (the sandbox's mark)
+SOCKET_ENV = "DTFS_ZYGOTE_SOCKET"   # where ``--socket auto`` listens, for ``--stub auto``
 LOST = 75               # a stub's exit status when the zygote closed its connection without
                         # the rank's (it died): the launcher may run the launch again without it
 
 
 # ---------------------------------------------------------------- the stub (one per MPI rank)
-def stub(path, args, preload=(), mpi=True, module=None):
+def stub(path, args, preload=(), mpi=True, module=None, script=None):
     """Hand this process's rank (or, without ``mpi``, its ``rankworker --spawn`` launch) to
     the zygote at ``path``, which imports ``preload`` first if it has not yet; exit with the
     child's status; with ``module``, the child runs that module's ``main()`` with ``args`` as
@@ -50,6 +51,8 @@ def stub(path, args, preload=(), mpi=True, module=None):
     folder of host sockets (the checks' hosts, :mod:`exercise_utils.hosts`): then the zygote
     is the one of this host, ``<path>/<hostname>.sock``, and ``{host}`` in ``args`` reads as
     the hostname."""
+    if path == "auto":          # the zygote that started this job's command made it
+        path = os.environ[SOCKET_ENV]
     fds = [0, 1, 2]
     pmi = os.environ.get("PMI_FD")
     if pmi is not None:
@@ -61,7 +64,7 @@ def stub(path, args, preload=(), mpi=True, module=None):
         args = [a.replace("{host}", host) for a in args]
         cwd = args[args.index("--out") + 1] if "--out" in args else "/"
     try:
-        conn = request(path, args, dict(os.environ), fds, preload, mpi, cwd, module)
+        conn = request(path, args, dict(os.environ), fds, preload, mpi, cwd, module, script)
     except OSError as exc:
         os.write(2, f"zygote stub {os.getpid()}: the zygote at {path} cannot be reached "
                     f"({exc})\n".encode())
@@ -76,10 +79,18 @@ def stub(path, args, preload=(), mpi=True, module=None):
         os.write(2, f"zygote stub {os.getpid()}: the zygote at {path} closed the connection "
                     f"without the rank's exit status (it exited, or took this stub for "
                     f"gone)\n".encode())
-    os._exit(int(status) if status else LOST)
+    code = int(status) if status else LOST
+    if code < 0:                # (a --no-hold zygote's child killed by a signal): die of it too
+        try:
+            signal.signal(-code, signal.SIG_DFL)
+        except (OSError, ValueError):       # SIGKILL and SIGSTOP: always their default
+            pass
+        os.kill(os.getpid(), -code)
+    os._exit(code if code >= 0 else 128 - code)
 
 
-def request(path, args, env, fds=(0, 1, 2), preload=(), mpi=False, cwd=None, module=None):
+def request(path, args, env, fds=(0, 1, 2), preload=(), mpi=False, cwd=None, module=None,
+            script=None):
     """Ask the zygote at ``path`` for a rank: ``args`` (:mod:`exercise_utils.rankworker`'s),
     its environment ``env``, these descriptors of this process as its own (0, 1, 2 and MPI's
     PMI socket), its working directory ``cwd`` (default: this process's). Returns the
@@ -87,7 +98,7 @@ def request(path, args, env, fds=(0, 1, 2), preload=(), mpi=False, cwd=None, mod
     rank."""
     body = json.dumps({"env": env, "cwd": cwd or os.getcwd(), "args": list(args),
                        "fds": list(fds), "preload": list(preload), "mpi": mpi,
-                       "module": module}).encode()
+                       "module": module, "script": script}).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
     socket.send_fds(conn, [len(body).to_bytes(8, "big")], list(fds))
@@ -96,19 +107,29 @@ def request(path, args, env, fds=(0, 1, 2), preload=(), mpi=False, cwd=None, mod
 
 
 # ---------------------------------------------------------------- the zygote
-def serve(path, command, preload, listen_fd=None):
+def serve(path, command, preload, listen_fd=None, hold=True):
     """Import ``preload``, listen at ``path``, run ``command`` (mpiexec) and fork a rank for
     every stub that connects; return mpiexec's exit status once it and every rank are done.
     Without a ``command``, serve until killed or until the process that started it is gone
     (a check's session: :func:`exercise_utils.harness.session`). With ``listen_fd`` (a host's
     zygote, :mod:`exercise_utils.hosts`) the listening socket is that inherited descriptor,
-    bound by the judge at a path no sandbox sees: no rank can take its place."""
+    bound by the judge at a path no sandbox sees: no rank can take its place. Without
+    ``hold`` (a torchrun job, :func:`exercise_utils.launch.torchrun`) each child's status goes
+    to its stub as soon as it ends, a signal as a negative number the stub dies of."""
     if command or listen_fd is not None:
-        import mpi4py
-        mpi4py.rc.initialize = False        # each forked rank initialises MPI itself
-        mpi4py.rc.finalize = False
+        try:
+            import mpi4py
+            mpi4py.rc.initialize = False    # each forked rank initialises MPI itself
+            mpi4py.rc.finalize = False
+        except ImportError:                 # (a torchrun job needs no MPI)
+            pass
     for name in preload:
         importlib.import_module(name)
+    made = None
+    if path == "auto":          # a folder of its own, in this process's view of /tmp (a job's
+        import tempfile         # sandbox has its own): its command's stubs find it in the env
+        made = tempfile.mkdtemp(prefix="dtfs-zygote-")
+        path = os.environ[SOCKET_ENV] = os.path.join(made, "zygote.sock")
     if listen_fd is not None:
         listener = socket.socket(fileno=listen_fd)
     else:
@@ -144,12 +165,12 @@ def serve(path, command, preload, listen_fd=None):
                     done, status = os.waitpid(pid, os.WNOHANG)
                     if done:
                         code = os.waitstatus_to_exitcode(status)
-                        held[conn] = code if code >= 0 else 128 - code
+                        held[conn] = code if code >= 0 or not hold else 128 - code
             # A failed rank's status goes out at once (mpiexec then stops the job); under
             # mpiexec the others wait until every rank is done: a stub that exits first
             # makes mpiexec kill the other stubs, and with them ranks still reporting.
             ready = [c for c, code in held.items()
-                     if code or not mpiexec or len(held) == len(children)]
+                     if code or not mpiexec or not hold or len(held) == len(children)]
             for conn in ready:
                 try:
                     conn.sendall(str(held.pop(conn)).encode())
@@ -170,6 +191,9 @@ def serve(path, command, preload, listen_fd=None):
         if mpiexec and mpiexec.poll() is None:
             mpiexec.kill()
         listener.close()
+        if made:
+            import shutil
+            shutil.rmtree(made, ignore_errors=True)
     return mpiexec.wait() if mpiexec else 0
 
 
@@ -214,16 +238,23 @@ def _fork_rank(conn, listener, children):
                          if p and p not in sys.path]
         os.chdir(request["cwd"])
         _fresh_random_state()
-        sys.stdout = os.fdopen(1, "w", buffering=1)
-        sys.stderr = os.fdopen(2, "w", buffering=1)
-        code = (_run_module(request["module"], request["args"]) if request.get("module")
-                else _run_rank(request["args"], request["mpi"]))
+        if request.get("script"):            # python -u: nothing waits in a buffer
+            import io
+            sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False),
+                                                       write_through=True) for fd in (1, 2))
+            code = _run_script(request["script"], request["args"])
+        else:
+            sys.stdout = os.fdopen(1, "w", buffering=1)
+            sys.stderr = os.fdopen(2, "w", buffering=1)
+            code = (_run_module(request["module"], request["args"]) if request.get("module")
+                    else _run_rank(request["args"], request["mpi"]))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - print it and abort the job
         import traceback
         traceback.print_exc()
-        _abort()
+        if request.get("mpi"):
+            _abort()
     finally:
         try:
             sys.stdout.flush()
@@ -252,6 +283,47 @@ def _run_module(name, args):
     except SystemExit as exc:
         code = exc.code
     return code if isinstance(code, int) else (0 if code is None else 1)
+
+
+def _run_script(kind, args):
+    """What ``python -u SCRIPT ARGS`` (``kind`` "path") or ``python -u -m MODULE ARGS``
+    (``kind`` "module") does, in this forked child that has torch imported already: the
+    script's folder (the working directory for a module) first on ``sys.path`` unless
+    ``PYTHONSAFEPATH`` says not to, torch's threads from ``OMP_NUM_THREADS`` as a fresh
+    interpreter reads it, ``atexit`` handlers run at the end. Returns the exit status."""
+    import atexit
+    import runpy
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    target, rest = args[0], list(args[1:])
+    safe = bool(os.environ.get("PYTHONSAFEPATH"))
+    code = 0
+    try:
+        if kind == "module":
+            if not safe:
+                sys.path.insert(0, os.getcwd())
+            sys.argv = [target, *rest]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            if not safe:
+                sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            sys.argv = [target, *rest]
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, (int, type(None))):
+            print(exc.code, file=sys.stderr)
+    except BaseException as exc:  # noqa: BLE001 - shown as python shows it: sys.excepthook
+        tb = exc.__traceback__      # (torch.distributed's prefixes "[rankN]:"), from the
+        while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__):
+            tb = tb.tb_next         # script's own frame on, not this module's or runpy's
+        sys.excepthook(type(exc), exc, tb)
+        code = 1
+    finally:
+        atexit._run_exitfuncs()
+    return code
 
 
 def _run_rank(args, mpi):
@@ -314,14 +386,19 @@ def main():
                         help="with --stub: a rankworker --spawn launch, not an MPI rank")
     parser.add_argument("--module", help="with --stub: run this module's main() with the "
                         "arguments after --, not a rank")
+    parser.add_argument("--script", choices=("path", "module"),
+                        help="with --stub: run the script (or module) after -- as python -u "
+                        "does, not a rank (a torchrun worker)")
+    parser.add_argument("--no-hold", action="store_true",
+                        help="send each child's status at once (a torchrun job, not mpiexec)")
     parser.add_argument("--listen-fd", type=int,
                         help="serve stubs on this inherited listening socket (a host's zygote)")
     opts = parser.parse_args(argv[:cut])
     rest = argv[cut + 1:]
     if opts.stub:
-        stub(opts.stub, rest, opts.preload, mpi=not (opts.spawn or opts.module),
-             module=opts.module)
-    sys.exit(serve(opts.socket, rest, opts.preload, opts.listen_fd))
+        stub(opts.stub, rest, opts.preload, mpi=not (opts.spawn or opts.module or opts.script),
+             module=opts.module, script=opts.script)
+    sys.exit(serve(opts.socket, rest, opts.preload, opts.listen_fd, hold=not opts.no_hold))
 
 
 if __name__ == "__main__":

@@ -238,3 +238,31 @@ def test_killed_launcher_takes_mpi_workers_with_it(tmp_path):
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(alive(p) for p in pids), "workers survived their launcher"
+
+
+def test_torchrun_forks_its_workers_and_they_end_as_fresh_ones_would(tmp_path):
+    """One node: the agent and the workers are forked from the job's zygote (torch imported
+    before the script starts), each runs the script as ``python -u`` would (its argv, its
+    folder first on sys.path, torchrun's environment), and a worker killed by a signal reaches
+    torchrun as that signal; ``fork=False`` starts fresh interpreters."""
+    script = write(tmp_path, "forked.py", """
+        import os, sys
+        preloaded = "torch" in sys.modules
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        print(f"rank {dist.get_rank()} preloaded {preloaded} argv {sys.argv[1:]} "
+              f"path0 {sys.path[0]} world {os.environ['WORLD_SIZE']}", flush=True)
+        dist.barrier()
+        if sys.argv[1] == "kill" and dist.get_rank() == 1:
+            os.kill(os.getpid(), 9)
+        dist.destroy_process_group()
+        """)
+    out = launch.torchrun(script, 2, ["ok", "x y"], timeout=120, echo=False).output
+    for rank in (0, 1):
+        assert (f"rank {rank} preloaded True argv ['ok', 'x y'] path0 {tmp_path} world 2"
+                in out), out
+    with pytest.raises(launch.LaunchError) as err:
+        launch.torchrun(script, 2, ["kill"], timeout=120, echo=False)
+    assert "exitcode  : -9" in err.value.output and "SIGKILL" in err.value.output
+    out = launch.torchrun(script, 2, ["ok"], fork=False, timeout=120, echo=False).output
+    assert "rank 0 preloaded False" in out and "rank 1 preloaded False" in out
