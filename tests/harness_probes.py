@@ -180,3 +180,42 @@ def main():
     print(f"module-main args={sys.argv[1:]} torch={'torch' in sys.modules} parent={parent}",
           flush=True)
     return int(sys.argv[-1])
+
+
+def probe_point_to_point_forms(student, ctx):
+    """One call of each public point-to-point form, rank 0 sending to rank 1, under each
+    recorder of the course that sees point-to-point messages (notebooks 03, 08, 10): what
+    each logged, as ``(name, elements, peer)`` (peer None where a recorder keeps none)."""
+    from exercise_utils.bonus_model_parallel.probes_pp import _Recording
+    from exercise_utils.bonus_powersgd.probes import Recorder as PowerSGDRecorder
+    from exercise_utils.torch_distributed_collectives.probes_ring import recording
+    peer = 1 - ctx.rank
+    sending = ctx.rank == 0
+
+    def forms():
+        t = torch.arange(5.0) if sending else torch.zeros(5)
+        if sending:
+            dist.send(t, dst=peer)
+            dist.isend(t, dst=peer).wait()
+            dist.send(t, group_dst=peer)
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, t, peer)]):
+                work.wait()
+        else:
+            dist.recv(t, src=peer)
+            dist.irecv(t, src=peer).wait()
+            dist.recv(t, group_src=peer)
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, t, peer)]):
+                work.wait()
+        dist.barrier()
+
+    logged = {}
+    with recording(student) as log:
+        forms()
+    logged["03"] = [tuple(e) for e in log if e[0] != "barrier"]
+    with PowerSGDRecorder(student) as rec:
+        forms()
+    logged["08"] = [(name, numel, None) for name, numel, _, _ in rec.take()]
+    with _Recording(student, {peer}) as rec:
+        forms()
+    logged["10"] = [tuple(e) for e in rec.take() if e[0] != "barrier"]
+    return logged

@@ -437,3 +437,21 @@ def test_each_rank_takes_its_own_salt_before_any_student_code(tmp_path, monkeypa
     none = {}
     assert run_ranks(path, "harness_probes:probe_salt", size, "gloo", timeout=60,
                      salts=none) == [(0, [])] * size and none == {}
+
+
+def test_every_point_to_point_form_is_counted_once_by_every_recorder(tmp_path):
+    """Blocking, non-blocking, by group rank and batched (P2POp): one call is one message of
+    its own kind, size and peer (size only in 08's) for the recorders of notebooks 03, 08 and
+    10 (issue 37: torch
+    2.14's dist.send is isend + wait, and notebook 10's recorder counted a blocking
+    pipeline's every message twice), and notebook 08's (whose wrappers broke P2POp: torch
+    accepts only its own isend / irecv there, and tells a send by identity)."""
+    path = student(tmp_path, "x = 1\n")
+    sent = [("send", 5, 1), ("isend", 5, 1), ("send", 5, 1), ("isend", 5, 1)]
+    received = [("recv", 5, 0), ("irecv", 5, 0), ("recv", 5, 0), ("irecv", 5, 0)]
+    for rank, logged in enumerate(run_ranks(path, "harness_probes:probe_point_to_point_forms",
+                                            2, "gloo", timeout=60)):
+        want = sent if rank == 0 else received
+        assert logged["03"] == want, (rank, logged["03"])
+        assert logged["10"] == want, (rank, logged["10"])
+        assert logged["08"] == [(name, 5, None) for name, _, _ in want], (rank, logged["08"])

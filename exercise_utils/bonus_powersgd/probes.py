@@ -34,7 +34,8 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 
 class Recorder:
     """Replaces the torch.distributed collectives (also names the student imported from it)
-    by wrappers that record ``(name, elements, bytes, dtype)`` in ``calls``."""
+    by wrappers that record ``(name, elements, bytes, dtype)`` in ``calls``; a
+    ``batch_isend_irecv`` records each of its ops as the isend or irecv it holds."""
 
     def __init__(self, student):
         self.calls, self.original, self.student = [], {}, student
@@ -45,6 +46,8 @@ class Recorder:
             if fn is not None:
                 self.original[name] = fn
                 self._replace(fn, self._wrap(name, fn))
+        batch = self.original["batch_isend_irecv"] = dist.batch_isend_irecv
+        self._replace(batch, self._batch(batch))
         return self
 
     def __exit__(self, *exc):
@@ -57,20 +60,52 @@ class Recorder:
                 if value is old:
                     setattr(module, key, new)
 
+    def _record(self, name, tensor):
+        if isinstance(tensor, torch.Tensor):
+            self.calls.append((name, tensor.numel(), tensor.numel() * tensor.element_size(),
+                               _dtype(tensor)))
+        else:
+            self.calls.append((name, 0, 0, ""))
+
     def _wrap(self, name, fn):
         def recorded(*args, **kwargs):
-            tensor = args[0] if args else kwargs.get("tensor")
-            if isinstance(tensor, torch.Tensor):
-                self.calls.append((name, tensor.numel(), tensor.numel() * tensor.element_size(),
-                                   _dtype(tensor)))
-            else:
-                self.calls.append((name, 0, 0, ""))
+            self._record(name, args[0] if args else kwargs.get("tensor"))
             return fn(*args, **kwargs)
-        return recorded
+        return _Same(recorded, fn)
+
+    def _batch(self, batch):
+        """batch_isend_irecv: each P2POp recorded as the isend or irecv it holds, then made
+        with the original function (torch tells a send by ``op.op is isend``)."""
+        def batch_isend_irecv(p2p_op_list):
+            for op in p2p_op_list:
+                if isinstance(op.op, _Same):
+                    self._record(op.op.__name__, op.tensor)
+                    op.op = op.op.fn
+            return batch(p2p_op_list)
+        return batch_isend_irecv
 
     def take(self):
         calls, self.calls = self.calls, []
         return calls
+
+
+class _Same:
+    """A recording wrapper that compares equal to the function it stands for: ``dist.P2POp``
+    accepts only ``op in [isend, irecv]`` (torch.distributed.distributed_c10d's own)."""
+
+    def __init__(self, recorded, fn):
+        self.recorded, self.fn = recorded, fn
+        self.__name__ = self.__qualname__ = getattr(fn, "__name__", "recorded")
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, *args, **kwargs):
+        return self.recorded(*args, **kwargs)
+
+    def __eq__(self, other):
+        return other is self or other is self.fn
+
+    def __hash__(self):
+        return hash(self.fn)
 
 
 # ---------------------------------------------------------------- the probe
