@@ -289,18 +289,21 @@ class Cluster:
         return launch_many.run_many([host.wrap(cmd) for host, cmd in jobs], **kwargs)
 
     def torchrun_command(self, script, nproc_per_node=1, args=(), module=False, extra=(),
-                         rdzv_id="dtfs-job", port=29400):
+                         rdzv_id="dtfs-job", port=29400, fork=False):
         """The torchrun agent command every host runs for one job over all the hosts, with
-        the c10d rendezvous on ``h0:<port>`` (arguments: :func:`exercise_utils.launch.agent_command`)."""
+        the c10d rendezvous on ``h0:<port>`` (arguments: :func:`exercise_utils.launch.agent_command`;
+        ``fork``: what :meth:`torchrun` runs, an agent and workers forked on each host)."""
         from .launch import agent_command
         return agent_command(script, len(self.hosts), nproc_per_node,
-                             f"{self.hosts[0].name}:{port}", rdzv_id, args, module, extra=extra)
+                             f"{self.hosts[0].name}:{port}", rdzv_id, args, module, extra=extra,
+                             fork=fork)
 
     def torchrun(self, script, nproc_per_node=1, args=(), module=False, extra=(),
                  rdzv_id="dtfs-job", **kwargs):
         """Run one torchrun job with an agent on every host (:meth:`torchrun_command`);
         ``kwargs`` as :meth:`run_many`. Returns the hosts' results."""
-        cmd = self.torchrun_command(script, nproc_per_node, args, module, extra, rdzv_id)
+        cmd = self.torchrun_command(script, nproc_per_node, args, module, extra, rdzv_id,
+                                    fork=True)
         kwargs.setdefault("nprocs", nproc_per_node)
         from .launch import FRESH_STORE_ENV
         kwargs["env"] = {**FRESH_STORE_ENV, **(kwargs.get("env") or {})}

@@ -361,7 +361,7 @@ def mpiexec(script, n, args=(), module=False, label=True, **kwargs):
 
 
 def agent_command(script, nnodes, nproc_per_node, endpoint, rdzv_id, args=(), module=False,
-                  max_restarts=0, python=None, extra=()):
+                  max_restarts=0, python=None, extra=(), fork=False):
     """One torchrun agent's command (a list), as run on each node of the job.
 
     Args:
@@ -377,20 +377,37 @@ def agent_command(script, nnodes, nproc_per_node, endpoint, rdzv_id, args=(), mo
             which is what the ``torchrun`` console script runs); ``"torchrun"`` writes
             ``torchrun`` instead.
         extra: more torchrun options (e.g. ``["--rdzv-conf=join_timeout=20"]``).
+        fork: the agent and its workers forked from a zygote of their own (:func:`forked`;
+            not with ``python``): what runs, not what a student would type.
     Returns:
         list[str].
     """
+    options = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
+               f"--max-restarts={max_restarts}", *map(str, extra)]
+    if fork and python is None:
+        return forked(options, module, script, args)
     head = (["torchrun"] if python == "torchrun"
             else [python or sys.executable, "-m", "torch.distributed.run"])
-    return [*head, f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
-            f"--max-restarts={max_restarts}", *map(str, extra), *(["-m"] if module else []),
-            str(script), *map(str, args)]
+    return [*head, *options, *(["-m"] if module else []), str(script), *map(str, args)]
 
 
 ZYGOTE = ["-P", "-m", "exercise_utils.zygote"]
 # what every torchrun job's zygote imports once, before its agent and workers are forked
 TORCHRUN_PRELOAD = ("numpy", "torch", "torch.distributed", "torch.distributed.run")
+
+
+def forked(options, module, script, args):
+    """``python -m torch.distributed.run OPTIONS [-m] SCRIPT ARGS`` as one process that
+    imports torch once (:data:`TORCHRUN_PRELOAD`) and forks the agent and every worker
+    (:mod:`exercise_utils.zygote`: ``--socket auto --no-hold``); it makes its socket in its
+    own view of /tmp (a job's sandbox, a host's) and its stubs find it in the environment."""
+    return [sys.executable, *ZYGOTE, "--socket", "auto", "--no-hold",
+            *[a for name in TORCHRUN_PRELOAD for a in ("--preload", name)], "--",
+            sys.executable, *ZYGOTE, "--stub", "auto", "--module", "torch.distributed.run",
+            "--", *map(str, options), "--no-python",
+            sys.executable, *ZYGOTE, "--stub", "auto", "--script",
+            "module" if module else "path", "--", str(script), *map(str, args)]
 
 
 def torchrun(script, nproc, args=(), nnodes=1, port=None, extra=(), fork=True, **kwargs):
@@ -422,14 +439,8 @@ def torchrun(script, nproc, args=(), nnodes=1, port=None, extra=(), fork=True, *
     extra = [str(e) for e in extra]
     if fork and nnodes == 1 and "--no-python" not in extra:
         module = "-m" in extra or "--module" in extra
-        kind = "module" if module else "path"
-        extra = [e for e in extra if e not in ("-m", "--module")]
-        cmd = [sys.executable, *ZYGOTE, "--socket", "auto", "--no-hold",
-               *[a for name in TORCHRUN_PRELOAD for a in ("--preload", name)], "--",
-               sys.executable, *ZYGOTE, "--stub", "auto", "--module", "torch.distributed.run",
-               "--", *options, *extra, "--no-python",
-               sys.executable, *ZYGOTE, "--stub", "auto", "--script", kind, "--",
-               str(script), *map(str, args)]
+        cmd = forked([*options, *(e for e in extra if e not in ("-m", "--module"))], module,
+                     script, args)
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", *options, *extra, str(script),
                *map(str, args)]
