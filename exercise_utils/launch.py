@@ -400,8 +400,9 @@ TORCHRUN_PRELOAD = ("numpy", "torch", "torch.distributed", "torch.distributed.ru
 def forked(options, module, script, args):
     """``python -m torch.distributed.run OPTIONS [-m] SCRIPT ARGS`` as one process that
     imports torch once (:data:`TORCHRUN_PRELOAD`) and forks the agent and every worker
-    (:mod:`exercise_utils.zygote`: ``--socket auto --no-hold``); it makes its socket in its
-    own view of /tmp (a job's sandbox, a host's) and its stubs find it in the environment."""
+    (:mod:`exercise_utils.zygote`: ``--socket auto --no-hold``); it listens on an abstract
+    socket of its own network namespace (a job's sandbox, a host's: nothing on disk to leave
+    behind when a timeout kills it) and its stubs find it in the environment."""
     return [sys.executable, *ZYGOTE, "--socket", "auto", "--no-hold",
             *[a for name in TORCHRUN_PRELOAD for a in ("--preload", name)], "--",
             sys.executable, *ZYGOTE, "--stub", "auto", "--module", "torch.distributed.run",

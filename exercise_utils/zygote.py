@@ -38,6 +38,7 @@ from pathlib import Path
 FDS = 8                 # at most this many descriptors travel with a request
 KEEP = ("DTFS_SANDBOXED",)  # the zygote's own environment a rank keeps (the sandbox's mark)
 SOCKET_ENV = "DTFS_ZYGOTE_SOCKET"   # where ``--socket auto`` listens, for ``--stub auto``
+                                    # (``@name``: Linux's abstract socket namespace)
 LOST = 75               # a stub's exit status when the zygote closed its connection without
                         # the rank's (it died): the launcher may run the launch again without it
 
@@ -51,8 +52,10 @@ def stub(path, args, preload=(), mpi=True, module=None, script=None):
     folder of host sockets (the checks' hosts, :mod:`exercise_utils.hosts`): then the zygote
     is the one of this host, ``<path>/<hostname>.sock``, and ``{host}`` in ``args`` reads as
     the hostname."""
-    if path == "auto":          # the zygote that started this job's command made it
+    if path == "auto":          # the zygote that started this job's command named it
         path = os.environ[SOCKET_ENV]
+        if path.startswith("@"):                # the abstract namespace
+            path = f"\0{path[1:]}"
     fds = [0, 1, 2]
     pmi = os.environ.get("PMI_FD")
     if pmi is not None:
@@ -125,11 +128,11 @@ def serve(path, command, preload, listen_fd=None, hold=True):
             pass
     for name in preload:
         importlib.import_module(name)
-    made = None
-    if path == "auto":          # a folder of its own, in this process's view of /tmp (a job's
-        import tempfile         # sandbox has its own): its command's stubs find it in the env
-        made = tempfile.mkdtemp(prefix="dtfs-zygote-")
-        path = os.environ[SOCKET_ENV] = os.path.join(made, "zygote.sock")
+    if path == "auto":          # a name in the abstract namespace of this network namespace
+        import secrets          # (a job's, a host's): nothing on disk that a SIGKILL at the
+        name = f"dtfs-zygote-{os.getpid()}-{secrets.token_hex(8)}"   # end could leave behind
+        os.environ[SOCKET_ENV] = f"@{name}"     # (an environment holds no NUL: @ stands for it)
+        path = f"\0{name}"
     if listen_fd is not None:
         listener = socket.socket(fileno=listen_fd)
     else:
@@ -191,9 +194,6 @@ def serve(path, command, preload, listen_fd=None, hold=True):
         if mpiexec and mpiexec.poll() is None:
             mpiexec.kill()
         listener.close()
-        if made:
-            import shutil
-            shutil.rmtree(made, ignore_errors=True)
     return mpiexec.wait() if mpiexec else 0
 
 

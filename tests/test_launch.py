@@ -3,8 +3,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -206,10 +208,13 @@ def test_torchrun_hang_kills_workers(tmp_path):
             dist.all_reduce(torch.ones(1))      # rank 1 never joins
         dist.barrier()
         """)
+    folders = set(Path(tempfile.gettempdir()).glob("dtfs-zygote-*"))
     with pytest.raises(launch.LaunchTimeout):
         launch.torchrun(script, 2, [pidfile], timeout=15, echo=False)
     pids = [int(p) for p in pidfile.read_text().split()]
     assert len(pids) == 2 and not any(alive(p) for p in pids)
+    # the job's zygote, killed with the rest, leaves nothing on disk (an abstract socket)
+    assert set(Path(tempfile.gettempdir()).glob("dtfs-zygote-*")) <= folders
 
 
 def test_killed_launcher_takes_mpi_workers_with_it(tmp_path):
