@@ -519,7 +519,7 @@ def _session_socket():
         state["errors"] = str(errors)
         with open(errors, "wb") as err:
             state["proc"] = proc = subprocess.Popen(
-                sandbox.wrap([sys.executable, "-P", "-m", "exercise_utils.zygote", "--socket",
+                sandbox.wrap([sys.executable, *launch.ZYGOTE, "--socket",
                               str(sock)], writable=[state["tmp"]], cwd=state["tmp"]),
                 env=env, stdin=subprocess.DEVNULL, stderr=err, start_new_session=True)
         while not sock.exists():
@@ -575,7 +575,7 @@ def _session_command(worker_args, world_size):
         preload = ["torch", "torch.distributed", *preload]
     if "--warm-up" in worker_args:
         preload.append("torch._dynamo")
-    return [sys.executable, "-P", "-m", "exercise_utils.zygote", "--stub", _session_socket(), "--spawn",
+    return [sys.executable, *launch.ZYGOTE, "--stub", _session_socket(), "--spawn",
             *[a for name in preload for a in ("--preload", name)], "--", "--spawn",
             str(world_size), *worker_args]
 
@@ -591,7 +591,7 @@ def module_command(module, args, preload=()):
         sock = _session_socket()
     except ZygoteFailed:
         return None
-    return [sys.executable, "-P", "-m", "exercise_utils.zygote", "--stub", sock, "--module",
+    return [sys.executable, *launch.ZYGOTE, "--stub", sock, "--module",
             module, *[a for name in preload for a in ("--preload", name)], "--", *args]
 
 
@@ -604,7 +604,7 @@ def _zygote_command(worker_args, world_size):
     if _needs_torch(Path(opts["--student"]), probe_module, probe):
         preload = ["torch", "torch.distributed", *preload]
     socket = str(Path(opts["--out"]).parent / "zygote.sock")
-    return [sys.executable, "-P", "-m", "exercise_utils.zygote", "--socket", socket,
+    return [sys.executable, *launch.ZYGOTE, "--socket", socket,
             *[a for name in preload for a in ("--preload", name)], "--",
             launch.find_executable("mpiexec"), "-n", str(world_size), sys.executable, "-P",
             "-m", "exercise_utils.zygote", "--stub", socket, "--", *worker_args]

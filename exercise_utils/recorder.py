@@ -36,6 +36,18 @@ SAME_AS = {"all_gather_single": "all_gather_into_tensor",
            "gather_single": "gather_into_tensor"}
 
 
+class StandsFor:
+    """Base of a recording wrapper that compares equal to the function ``self.fn`` it stands
+    for: ``dist.P2POp`` accepts only ``op in [isend, irecv]`` (distributed_c10d's own).
+    Used by the point-to-point recorders of 03, 08 and 10."""
+
+    def __eq__(self, other):
+        return other is self or other is self.fn
+
+    def __hash__(self):
+        return hash(self.fn)
+
+
 class _Work:
     """Stands for the Work object of an async collective; records when ``wait()`` is called."""
 

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from .. import pgwatch
+from ..recorder import StandsFor
 from ..rankworker import not_implemented
 from .nets import pp_runs, pp_stack, pp_stage
 
@@ -122,7 +123,7 @@ def _global(group, group_rank):
         return None
 
 
-class _Recorded:
+class _Recorded(StandsFor):
     """Stands for a ``torch.distributed`` function: logs each call, then makes it."""
 
     def __init__(self, name, fn, log, paths, peers, depth):
@@ -161,12 +162,6 @@ class _Recorded:
             self.log.append([self.name, None, None])
         with self.paths.sanctioned():
             return self.fn(*args, **kwargs)
-
-    def __eq__(self, other):            # dist.P2POp checks `op in [isend, irecv]`
-        return other is self or other is self.fn
-
-    def __hash__(self):
-        return hash(self.fn)
 
 
 class _Recording:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..rankworker import not_implemented
+from ..recorder import StandsFor
 from .reference import (CONV, GRADIENTS, ORTHO_CASES, SEED, SETTINGS, STEPS,
                         edge_model, gradient, layout, ortho_input, rank_cases)
 
@@ -89,9 +90,8 @@ class Recorder:
         return calls
 
 
-class _Same:
-    """A recording wrapper that compares equal to the function it stands for: ``dist.P2POp``
-    accepts only ``op in [isend, irecv]`` (torch.distributed.distributed_c10d's own)."""
+class _Same(StandsFor):
+    """A recording wrapper of ``fn`` that compares equal to it (:class:`StandsFor`)."""
 
     def __init__(self, recorded, fn):
         self.recorded, self.fn = recorded, fn
@@ -100,12 +100,6 @@ class _Same:
 
     def __call__(self, *args, **kwargs):
         return self.recorded(*args, **kwargs)
-
-    def __eq__(self, other):
-        return other is self or other is self.fn
-
-    def __hash__(self):
-        return hash(self.fn)
 
 
 # ---------------------------------------------------------------- the probe
