@@ -33,7 +33,7 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import heartbeat, integrity, plaindata
+from . import heartbeat, integrity, plaindata, spawn_template
 
 
 def load_student(path):
@@ -207,11 +207,26 @@ def run_one(args):
     """
     rank = _rank()
     args.out = own_folder(args.out, rank)
+    template = _spawn_template(args.probe)
     phase = heartbeat.start(args.out, rank, student=args.student)
     try:
         return _run_probe(args, rank, phase)
     finally:
         phase.stop()
+        if template:
+            spawn_template.stop()
+
+
+def _spawn_template(probe):
+    """For a probe that asks for it, the template its ``spawn`` workers are forked from
+    (:mod:`.spawn_template`), forked now: before the heartbeat, the secret, any process group
+    or the student's code."""
+    module_name, func_name = probe.split(":")
+    try:
+        wanted = spawn_template.wanted(getattr(importlib.import_module(module_name), func_name))
+    except (ImportError, AttributeError):      # reported where the probe is looked up
+        return False
+    return wanted and spawn_template.start()
 
 
 def _run_probe(args, rank, phase):

@@ -219,3 +219,48 @@ def probe_point_to_point_forms(student, ctx):
         forms()
     logged["10"] = [tuple(e) for e in rec.take() if e[0] != "barrier"]
     return logged
+
+
+def probe_spawn_workers(student, ctx, folder):
+    """Start a ``spawn`` worker of the student's module for each way a worker can end and
+    return what each saw and how it ended (tests/test_spawn_template.py compares this with
+    the template (``exercise_utils.spawn_template``) and without)."""
+    import importlib
+    import multiprocessing
+    import os
+    import signal
+    import sys
+    from exercise_utils import spawn_template
+    sys.path.insert(0, os.path.dirname(student.__file__))
+    module = importlib.import_module("spawned_student")
+    module.STATE["parent"] = True                 # a fork would see this; a spawn must not
+    os.environ["SPAWN_SEEN"] = "from the parent"  # set after start-up: the worker sees it
+    signal.signal(signal.SIGUSR1, lambda *a: None)    # a handler: the worker has the default
+    os.chdir(folder)
+    ctx_ = multiprocessing.get_context("spawn")
+    found = {}
+    saved = os.dup(1)               # the workers' output: into a file, through descriptor 1
+    out = os.open(os.path.join(folder, "stdout"), os.O_WRONLY | os.O_CREAT)
+    os.dup2(out, 1)
+    os.close(out)
+    for mode in ("ok", "raise", "exit3", "kill", "threads_atexit", "term"):
+        parent, child = ctx_.Pipe()
+        proc = ctx_.Process(target=module.observe, args=(child, mode, folder))
+        proc.start()
+        child.close()
+        seen = parent.recv()
+        if mode == "term":
+            proc.terminate()
+        proc.join(60)
+        seen["exitcode"] = proc.exitcode
+        seen["is_child"] = seen.pop("pid") == proc.pid and seen.pop("ppid") == os.getpid()
+        found[mode] = seen
+    os.dup2(saved, 1)
+    os.close(saved)
+    with open(os.path.join(folder, "stdout")) as printed:
+        stdout = printed.read()
+    return {"stdout": stdout, "workers": found, "spawned": spawn_template.spawned(),
+            "atexit": sorted(os.listdir(folder))}
+
+
+probe_spawn_workers.spawn_template = True

@@ -214,6 +214,11 @@ def probe_hogwild(student, ctx, stage="serial"):
     return out
 
 
+# spawn workers forked from a template of the rank that imported torch once, as fresh as
+# exec'd ones (:mod:`exercise_utils.spawn_template`): six workers a file, ~3 s of CPU each
+probe_hogwild.spawn_template = True
+
+
 def _run_hogwild(module, threads):
     x, y = task_data()
     gate = Gate()
