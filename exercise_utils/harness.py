@@ -63,7 +63,9 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
         warm_up: build a ``torch.optim`` optimizer before the student's code (it imports
             ``torch._dynamo``: seconds of CPU). Only for probes whose student code runs its own
             process group with a short timeout (notebook 04): elsewhere a rank that imports
-            between two collectives is making progress, and the others wait for it.
+            between two collectives is making progress, and the others wait for it. (Ranks
+            forked from a session's or a host's zygote have it imported already: the zygote
+            imports it once with torch, instead of every rank that builds an optimizer.)
         case: the check case this launch runs (:mod:`.contract`): a crash, hang or endless
             loop of the student's code is charged to it, unless the probe named the case it
             was running (``ctx.case(name)``).
@@ -397,7 +399,7 @@ def _launch_on_hosts(pool, size, backend, copies, kwfiles, folders, common, limi
     before any rank started is started anew and the launch runs again, once."""
     opts = _options(common)
     module, probe = opts["--probe"].split(":")
-    preload = [module, *(["torch._dynamo"] if "--warm-up" in common else [])]
+    preload = [module]             # (a host's zygote has torch._dynamo: hosts.PRELOAD)
     if backend == "mpi":
         preload = ["mpi4py.MPI", *preload]
         home = pool.root / "{host}"
@@ -572,9 +574,7 @@ def _session_command(worker_args, world_size):
     module, probe = opts["--probe"].split(":")
     preload = ["numpy", "exercise_utils.rankworker", module]
     if opts["--backend"] == "gloo" or _needs_torch(Path(opts["--student"]), module, probe):
-        preload = ["torch", "torch.distributed", *preload]
-    if "--warm-up" in worker_args:
-        preload.append("torch._dynamo")
+        preload = ["torch", "torch.distributed", "torch._dynamo", *preload]
     return [sys.executable, *launch.ZYGOTE, "--stub", _session_socket(), "--spawn",
             *[a for name in preload for a in ("--preload", name)], "--", "--spawn",
             str(world_size), *worker_args]

@@ -394,7 +394,8 @@ def agent_command(script, nnodes, nproc_per_node, endpoint, rdzv_id, args=(), mo
 
 ZYGOTE = ["-P", "-m", "exercise_utils.zygote"]
 # what every torchrun job's zygote imports once, before its agent and workers are forked
-TORCHRUN_PRELOAD = ("numpy", "torch", "torch.distributed", "torch.distributed.run")
+TORCHRUN_PRELOAD = ("numpy", "torch", "torch.distributed", "torch.distributed.run",
+                    "torch._dynamo")    # (imported by a worker's first optimizer)
 
 
 def forked(options, module, script, args):
