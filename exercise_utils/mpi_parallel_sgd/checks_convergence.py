@@ -60,5 +60,7 @@ def _check_converged(args, got):
         zero = (" (a previous loss of 0.0 is a loss: test `prev_loss is None`, not "
                 "`not prev_loss`)" if args[0] == 0.0 else "")
         fail("converged-rule", f"{call} returned {value}, expected {want}{zero}: {rule}")
-    if kind not in ("bool", "bool_"):
-        fail("converged-bool", f"{call} returned a {kind}; return True or False (a bool)")
+    if kind != "bool":
+        numpy = (" (a comparison of numpy numbers gives a numpy.bool, which is not a bool: "
+                 "return bool(...) or compare Python floats)" if kind.startswith("numpy.") else "")
+        fail("converged-bool", f"{call} returned a {kind}; return True or False (a bool){numpy}")

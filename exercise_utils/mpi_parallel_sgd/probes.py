@@ -324,6 +324,13 @@ def converged_cases():
     return cases
 
 
+def type_name(value):
+    """``bool``, ``NoneType``, ... for Python's own types; ``numpy.bool`` (numpy 2 calls its
+    scalar ``bool`` too), ``numpy.float64`` ... for any other module's."""
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+
+
 def probe_convergence(student, ctx):
     """Rank 0: ``converged`` on every case (the value, or what it raised). Every rank: what
     ``global_loss`` returned for this rank's share of each case (value and type); its loss sum
@@ -334,7 +341,7 @@ def probe_convergence(student, ctx):
         for args in converged_cases():
             try:
                 got = student.converged(*args)
-                decisions.append([type(got).__name__, bool(got)])
+                decisions.append([type_name(got), bool(got)])
             except Exception as exc:  # noqa: BLE001 - reported per case, not as a crash
                 decisions.append({"raised": f"{type(exc).__name__}: {exc}"})
     losses = []

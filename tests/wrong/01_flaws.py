@@ -257,6 +257,12 @@ FLAWS = [
          expect="returned a NoneType",
          patch=(("    if prev_loss is None:\n        return False\n",
                  "    if prev_loss is None:\n        return\n"),)),
+    Flaw("convergence", "numpy_bool", clause="bool", case="converged-bool",
+         why="the rule computed with numpy: np.abs gives numpy floats, and their comparison a "
+             "numpy.bool, not the bool the docstring promises.",
+         expect="returned a numpy.bool",
+         patch=(("    return abs(prev_loss - loss) <= rel_tol * abs(prev_loss)\n",
+                 "    return np.abs(prev_loss - loss) <= rel_tol * np.abs(prev_loss)\n"),)),
     # ------------------------------------------------------------------ allreduce_sgd
     Flaw("allreduce_sgd", "sum_not_average", clause="average", case="sgd-values",
          why="sums the gradients with one Allreduce but forgets to divide by the number of ranks.",
