@@ -64,8 +64,8 @@ def run_ranks(path, probe, world_size=1, backend="none", kwargs=None, timeout=HA
             ``torch._dynamo``: seconds of CPU). Only for probes whose student code runs its own
             process group with a short timeout (notebook 04): elsewhere a rank that imports
             between two collectives is making progress, and the others wait for it. (Ranks
-            forked from a session's or a host's zygote have it imported already: the zygote
-            imports it once with torch, instead of every rank that builds an optimizer.)
+            forked from a session's or a host's zygote have it imported already where they
+            will likely build an optimizer: the zygote imports it once, not every rank.)
         case: the check case this launch runs (:mod:`.contract`): a crash, hang or endless
             loop of the student's code is charged to it, unless the probe named the case it
             was running (``ctx.case(name)``).
@@ -399,7 +399,7 @@ def _launch_on_hosts(pool, size, backend, copies, kwfiles, folders, common, limi
     before any rank started is started anew and the launch runs again, once."""
     opts = _options(common)
     module, probe = opts["--probe"].split(":")
-    preload = [module]             # (a host's zygote has torch._dynamo: hosts.PRELOAD)
+    preload = [module, *_optimizer(Path(copies[0]), module, "--warm-up" in common)]
     if backend == "mpi":
         preload = ["mpi4py.MPI", *preload]
         home = pool.root / "{host}"
@@ -574,7 +574,9 @@ def _session_command(worker_args, world_size):
     module, probe = opts["--probe"].split(":")
     preload = ["numpy", "exercise_utils.rankworker", module]
     if opts["--backend"] == "gloo" or _needs_torch(Path(opts["--student"]), module, probe):
-        preload = ["torch", "torch.distributed", "torch._dynamo", *preload]
+        preload = ["torch", "torch.distributed",
+                   *_optimizer(Path(opts["--student"]), module, "--warm-up" in worker_args),
+                   *preload]
     return [sys.executable, *launch.ZYGOTE, "--stub", _session_socket(), "--spawn",
             *[a for name in preload for a in ("--preload", name)], "--", "--spawn",
             str(world_size), *worker_args]
@@ -608,6 +610,19 @@ def _zygote_command(worker_args, world_size):
             *[a for name in preload for a in ("--preload", name)], "--",
             launch.find_executable("mpiexec"), "-n", str(world_size), sys.executable, "-P",
             "-m", "exercise_utils.zygote", "--stub", socket, "--", *worker_args]
+
+
+def _optimizer(student, module, warm_up=False):
+    """``[launch.OPTIMIZER]`` where the ranks will build a torch optimizer (``warm_up``) or
+    likely will (the student's file or the probe's package's probes mention one): the zygote
+    imports ``torch._dynamo`` once instead of every such rank; else ``[]``."""
+    if warm_up:
+        return [launch.OPTIMIZER]
+    import importlib.util
+    spec = importlib.util.find_spec(module)
+    folder = Path(spec.origin).parent if spec and spec.origin else None
+    probes = [spec.origin, *folder.glob("probes*.py")] if folder else []
+    return [launch.OPTIMIZER] if launch.builds_optimizer(student, *probes) else []
 
 
 def _needs_torch(student, module, probe):

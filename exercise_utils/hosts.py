@@ -53,8 +53,7 @@ from .processes import TAG, die_with_parent, kill_processes
 
 OBSERVE = "DTFS_OBSERVE"    # "1": launches on hosts outside grading too (tests, as root); "0": never
 SIZE = 3                    # hosts of a pool at first: the most ranks most checks launch
-PRELOAD = ("numpy", "torch", "torch.distributed", "torch._dynamo",   # (the first optimizer's)
-           "exercise_utils.rankworker")
+PRELOAD = ("numpy", "torch", "torch.distributed", "exercise_utils.rankworker")
 PORT = 29500                # host 0's port for a launch's gloo group (a fresh one per launch)
 START_LIMIT = 300           # seconds a host's zygote may take to import what it preloads
 

@@ -394,8 +394,24 @@ def agent_command(script, nnodes, nproc_per_node, endpoint, rdzv_id, args=(), mo
 
 ZYGOTE = ["-P", "-m", "exercise_utils.zygote"]
 # what every torchrun job's zygote imports once, before its agent and workers are forked
-TORCHRUN_PRELOAD = ("numpy", "torch", "torch.distributed", "torch.distributed.run",
-                    "torch._dynamo")    # (imported by a worker's first optimizer)
+TORCHRUN_PRELOAD = ("numpy", "torch", "torch.distributed", "torch.distributed.run")
+# imported by the first optimizer a process builds (~1.4 s of CPU): a zygote imports it once
+# for its children where they will build one (:func:`builds_optimizer`), not where they never do
+OPTIMIZER = "torch._dynamo"
+_OPTIM = re.compile(r"\boptim\b|torch\.optim|\.optim\b")
+
+
+def builds_optimizer(*paths):
+    """Whether code in one of these files (a script, a student's file, a probe's module and
+    its package's probes) mentions torch's optimizers, so that its processes will likely
+    build one. Unreadable paths count as no."""
+    for path in paths:
+        try:
+            if _OPTIM.search(Path(path).read_text(errors="replace")):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def forked(options, module, script, args):
@@ -404,8 +420,16 @@ def forked(options, module, script, args):
     (:mod:`exercise_utils.zygote`: ``--socket auto --no-hold``); it listens on an abstract
     socket of its own network namespace (a job's sandbox, a host's: nothing on disk to leave
     behind when a timeout kills it) and its stubs find it in the environment."""
+    source = script
+    if module:
+        import importlib.util
+        try:
+            source = importlib.util.find_spec(str(script)).origin
+        except (ImportError, AttributeError, ValueError):
+            source = None
+    preload = [*TORCHRUN_PRELOAD, *([OPTIMIZER] if source and builds_optimizer(source) else [])]
     return [sys.executable, *ZYGOTE, "--socket", "auto", "--no-hold",
-            *[a for name in TORCHRUN_PRELOAD for a in ("--preload", name)], "--",
+            *[a for name in preload for a in ("--preload", name)], "--",
             sys.executable, *ZYGOTE, "--stub", "auto", "--module", "torch.distributed.run",
             "--", *map(str, options), "--no-python",
             sys.executable, *ZYGOTE, "--stub", "auto", "--script",
