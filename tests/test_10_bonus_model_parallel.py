@@ -130,8 +130,8 @@ def test_autograde_solution_and_blank(tmp_path):
 
 
 def assert_benchmark_rows(rows):
-    """One row per expected key of each part; the bubble of GPipe and 1F1B within 10 % of
-    (p-1)/(m+p-1) (stages of fixed duration, latency hidden: it measures the schedule and the
+    """One row per expected key of each part; the bubble of GPipe and 1F1B within -10 % and
+    +25 % of (p-1)/(m+p-1) (stages of fixed duration, latency hidden: it measures the schedule and the
     messages, not the machine's speed); on every stage 1F1B's peak of saved activations at most
     (p/m) x GPipe's (+10 %) and nothing left alive after a step; yours and torch's losses (and
     gradients) equal for both the tensor- and the pipeline-parallel comparison. No timing
@@ -150,7 +150,11 @@ def assert_benchmark_rows(rows):
     for r in bubble:
         p, m = r["world_size"], r["m"]
         assert r["theory"] == pytest.approx((p - 1) / (m + p - 1))
-        assert abs(r["bubble"] - r["theory"]) <= 0.1 * r["theory"], r
+        # a busy machine only delays a stage (a wait it cannot hide): the bubble may come out
+        # above theory, never below (a fresh-clone CI run, three test workers on 2 cores:
+        # GPipe, p = 2, m = 4 measured 0.235 against 0.2); a wrong schedule is far off (one
+        # micro-batch at a time: 0.5 there)
+        assert -0.1 * r["theory"] <= r["bubble"] - r["theory"] <= 0.25 * r["theory"], r
         assert r["makespan_ms"] >= r["ideal_ms"] * 0.99, r
     for r in memory:
         assert r["m"] == bench.MEM_MICROBATCHES and r["gpipe_bytes"] > 0 < r["1f1b_bytes"], r
