@@ -121,7 +121,8 @@ def _check_received(call, rank, root, received, shard, size):
         fail("scatter-received",
              f"{call}: rank {rank} received {received} numbers, but its shard holds only {shard}: "
              f"send every rank only its own shard (e.g. comm.scatter of the pieces on root), "
-             f"never the whole dataset to be sliced there")
+             f"never the whole dataset to be sliced there (a slice x[a:b] of a tensor is pickled "
+             f"with all of x's storage: scatter copies, x[a:b].clone())")
 
 
 # ---------------------------------------------------------------- broadcast

@@ -132,20 +132,26 @@ class ReceiveCounter:
 
 
 def _elements_in(obj):
-    """Array and tensor elements in a (nested) Python object."""
+    """Array and tensor elements in a (nested) Python object, as the process holds them: a
+    tensor's whole storage (a pickled slice ``x[a:b]`` arrives with all of ``x``'s storage
+    under it, the whole dataset where ``x`` was; an array pickles only its own elements)."""
     if isinstance(obj, (list, tuple)):
         return sum(_elements_in(o) for o in obj)
     if isinstance(obj, dict):
         return sum(_elements_in(o) for o in obj.values())
     torch = sys.modules.get("torch")            # a tensor exists only if torch was imported
-    tensor = () if torch is None else (torch.Tensor,)
-    return _numel(obj) if isinstance(obj, (np.ndarray, *tensor)) else 0
+    if torch is not None and isinstance(obj, torch.Tensor):
+        held = obj.untyped_storage().nbytes() // max(1, obj.element_size())
+        return max(_numel(obj), held)
+    return _numel(obj) if isinstance(obj, np.ndarray) else 0
 
 
 # each scatter: (case, samples, root, x dtype, shape of one sample); per world size
 SCATTER_CASES = {
     3: [("scatter-shard", 11, 0, "float32", (3,)), ("scatter-root", 10, 2, "float32", (3,)),
-        ("scatter-float64", 8, 0, "float64", (2, 2)), ("scatter-empty", 2, 1, "float32", (3,))],
+        ("scatter-float64", 8, 0, "float64", (2, 2)), ("scatter-empty", 2, 1, "float32", (3,)),
+        # enough samples that the labels alone, sent whole, outweigh the bookkeeping allowed
+        ("scatter-shard", 60, 1, "float32", (3,))],
     2: [("scatter-root", 7, 1, "float32", (3,)), ("scatter-float64", 9, 0, "float64", ())],
 }
 

@@ -107,6 +107,28 @@ FLAWS = [
                  comm.Scatterv(ysend, ys, root=root)
                  return torch.from_numpy(xs), torch.from_numpy(ys)
              """),)),
+    Flaw("shards", "bcast_labels", clause="receive-own", case="scatter-received",
+         why="scatters the inputs but broadcasts the small label tensor whole, each rank slicing "
+             "its own labels out of it: every rank receives all the labels.",
+         expect="but its shard holds only 80",
+         patch=(Def(SCATTER, """
+             def scatter_shards(comm, x, y, root=0):
+                 size, rank = comm.Get_size(), comm.Get_rank()
+                 pieces = None
+                 if rank == root:
+                     pieces = [x[a:b].clone() for a, b in shard_bounds(len(x), size)]
+                 xs = comm.scatter(pieces, root=root)
+                 y = comm.bcast(y, root=root)
+                 a, b = shard_bounds(len(y), size)[rank]
+                 return xs, y[a:b].clone()
+             """),)),
+    Flaw("shards", "scatter_views", clause="receive-own", case="scatter-received",
+         why="scatters the slices x[a:b] themselves: each is a view, pickled with the whole "
+             "storage of x, so every rank receives the whole dataset and holds it under its "
+             "shard.",
+         expect="is pickled with all of x's storage",
+         patch=(("        pieces = [(x[a:b].clone(), y[a:b].clone())\n",
+                 "        pieces = [(x[a:b], y[a:b])\n"),)),
     Flaw("shards", "bcast_whole_dataset", clause="receive-own", case="scatter-received",
          why="broadcasts the whole dataset to every rank, which then slices out its own shard: "
              "every rank returns the right shard, but each one received (and held) all samples.",
