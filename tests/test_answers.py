@@ -57,7 +57,7 @@ ALLOWED = {
                                           "ORIGINAL": INPUT, "TRAIN_RUNS": CASES,
                                           "params": PROBE},
     "resnet_cifar_data_parallel.probes_rank": {"RUNS": CASES, "probe_rank_process": PROBE},
-    "shared_memory_hogwild.probes": {"BATCH": CONSTANT, "CRASH_WORKERS": CONSTANT,
+    "shared_memory_hogwild.probes": {"BATCH": CONSTANT, "crash_workers": CASES,
                                      "EPOCHS": CONSTANT, "KILL_WORKERS": CONSTANT,
                                      "LR": CONSTANT, "N_SAMPLES": CONSTANT, "SEED": CONSTANT,
                                      "SERIAL_CASES": CASES, "WORKERS": CONSTANT,

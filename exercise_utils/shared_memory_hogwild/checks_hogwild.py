@@ -8,7 +8,8 @@ trained in place with plain SGD, in float32, float64 and on a model with frozen,
 tied parameters and buffers), then ``hogwild`` with 3 workers (worker processes, partitions,
 started together, lock-free, threads, the caller's model trained, spawn), then a worker that
 raises (exit code 1) and one killed by SIGKILL (-9): a RuntimeError naming the rank and the
-exit code, raised only after every worker was joined; and ``threads=None``.
+exit code, raised only after every worker was joined; and ``threads=None`` with more workers
+than cores (the floor of one thread).
 
 Used in 02_shared_memory_hogwild.
 """
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from ..contract import fail
 from ..harness import HANG_AFTER, assert_close, check, run_ranks, state_arrays
 from . import probes
-from .probes import (BATCH, CRASH_WORKERS, EPOCHS, KILL_WORKERS, LR, N_SAMPLES, SEED,
+from .probes import (BATCH, EPOCHS, KILL_WORKERS, LR, N_SAMPLES, SEED,
                      SERIAL_CASES, WORKERS, make_model, task_data)
 from .reference import reference_partition, short
 
@@ -210,7 +211,7 @@ def _names(message, number):
 def check_crashes(res):
     """The run where rank 0's worker raises (exit code 1), threads=None."""
     crash = res["crash"]
-    call = f"hogwild(model, dataset, num_workers={CRASH_WORKERS})"
+    call = f"hogwild(model, dataset, num_workers={crash['workers']})"
     what = "rank 0's worker raised an exception, so its exit code was 1"
     raised = crash["raised"]
     if raised is None:
@@ -255,11 +256,13 @@ def _check_raised(call, what, raised, run, rank, code, case):
 
 
 def _check_default_threads(default):
-    call = f"hogwild(model, dataset, num_workers={CRASH_WORKERS}) (threads=None)"
+    call = f"hogwild(model, dataset, num_workers={default['workers']}) (threads=None)"
     used = sorted({t for seq in default["reads"].values() for _, t in seq})
     if used != [default["share"]]:
         got = f"ran with {used} thread(s)" if used else "read no sample"
         fail("default-threads",
              f"{call}: the workers {got}; threads=None means max(1, os.cpu_count() // "
              f"num_workers) = {default['share']} thread(s) per worker on this machine (its "
-             f"share of the cores: more threads than cores slow everything down)")
+             f"share of the cores: more threads than cores slow everything down; with more "
+             f"workers than cores the share is 0, and torch.set_num_threads(0) fails: hence "
+             f"the max(1, ...))")

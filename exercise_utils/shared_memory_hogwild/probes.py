@@ -5,7 +5,8 @@
 :func:`probe_hogwild` trains with the student's ``train_worker`` alone (in the probe's own
 process, as rank 1 of 3: a float32 MLP, a float64 one, and :class:`~exercise_utils.models.EdgeNet`),
 then ``hogwild`` with 3 workers on a model whose first forward pass in each worker waits for
-the others (:mod:`.recorders`), then with a worker that raises (2 workers) and one killed by
+the others (:mod:`.recorders`), then with a worker that raises (one worker more than the
+cores, threads=None) and one killed by
 SIGKILL (1 worker), reading every sample through a :class:`~.recorders.RecordingDataset`.
 Both run in a fresh process of the harness (:func:`exercise_utils.harness.run_ranks`), never in
 the notebook kernel.
@@ -128,8 +129,8 @@ def probe_sampler(student, ctx):
 
 # ---------------------------------------------------------------- hogwild
 N_SAMPLES, FEATURES, CLASSES = 240, 20, 4   # 240 = 80 per worker with 3 workers, 120 with 2
-EPOCHS, BATCH, LR, SEED = 3, 16, 0.2, 5
-WORKERS, CRASH_WORKERS, KILL_WORKERS = 3, 2, 1
+EPOCHS, BATCH, LR, SEED = 3, 12, 0.2, 5   # 80 samples a worker: 6 batches of 12 and one of 8
+WORKERS, KILL_WORKERS = 3, 1
 # train_worker alone, as rank 1 of WORKERS: (case, model, dtype), baseline first
 SERIAL_CASES = (("worker-partition", "mlp", "float32"), ("worker-float64", "mlp", "float64"),
                 ("worker-edge", "edge", "float32"))
@@ -169,6 +170,12 @@ def _importable(student):
     return importlib.import_module(path.stem)
 
 
+def crash_workers():
+    """Workers of the run where one raises (threads=None): one more than the cores, so that
+    os.cpu_count() // num_workers is 0 and only the floor of max(1, ...) gives a thread."""
+    return (os.cpu_count() or 1) + 1
+
+
 def pick_threads():
     """Thread counts that differ from the default, so that a worker (or a hogwild) that
     ignores ``threads`` shows. For train_worker alone and the 3 workers: 1 (2 where the default
@@ -203,9 +210,10 @@ def probe_hogwild(student, ctx, stage="serial"):
         out["hogwild"] = _run_hogwild(module, threads)
     elif stage == "crash":                       # 3. a worker raises; threads=None
         ctx.case("crash-exception")
-        out["crash"] = _run_crash(module, CRASH_WORKERS, "raise", threads=None)
-        out["default_threads"] = {"reads": out["crash"].pop("reads"),
-                                  "share": max(1, (os.cpu_count() or 1) // CRASH_WORKERS)}
+        workers = crash_workers()
+        out["crash"] = {**_run_crash(module, workers, "raise", threads=None), "workers": workers}
+        out["default_threads"] = {"reads": out["crash"].pop("reads"), "workers": workers,
+                                  "share": max(1, (os.cpu_count() or 1) // workers)}
     elif stage == "kill":                        # 4. a worker is killed by SIGKILL
         ctx.case("crash-signal")
         out["kill"] = _run_crash(module, KILL_WORKERS, "kill", threads=kill_threads)

@@ -59,7 +59,7 @@ CONTRACT = {
                "that every worker updates the very same tensors as this process.",
                cases=("hogwild-shared",)),
         Clause("threads-none", "threads=None means max(1, os.cpu_count() // num_workers) "
-               "threads per worker.", cases=("default-threads",)),
+               "threads per worker.", cases=("default-threads",)),   # (more workers than cores)
         Clause("spawn", "start one process per rank with the \"spawn\" context of "
                "torch.multiprocessing", cases=("hogwild-processes", "hogwild-spawn")),
         Clause("args", "target train_worker, args (rank, num_workers, model, dataset, epochs, "

@@ -294,4 +294,18 @@ def hogwild("""))),
          expect="threads=None means max(1, os.cpu_count() // num_workers)",
          patch=(("    threads = threads or max(1, (os.cpu_count() or 1) // num_workers)\n",
                  "    threads = threads or os.cpu_count()\n"),)),
+    Flaw("hogwild", "threads_no_floor", clause="threads-none", case="default-threads",
+         why="threads=None gives os.cpu_count() // num_workers without the floor of one: with "
+             "more workers than cores that is 0, and every worker dies in "
+             "torch.set_num_threads(0).",
+         expect="with more workers than cores the share is 0",
+         patch=(("    threads = threads or max(1, (os.cpu_count() or 1) // num_workers)\n",
+                 "    threads = threads or (os.cpu_count() or 1) // num_workers\n"),)),
+    Flaw("hogwild", "drop_last_loader", clause="sampler", case="worker-partition",
+         why="DataLoader(..., drop_last=True): a partition that does not divide by the batch "
+             "size loses its last samples every epoch.",
+         expect="it must read exactly its own partition",
+         patch=(("    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)\n",
+                 "    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, "
+                 "drop_last=True)\n"),)),
 ]
