@@ -264,11 +264,11 @@ def _check_hidden(calls, rank, case):
         fail(case, f"{VIOLATION}: rank {rank} reached {', '.join(hidden)} inside "
                    f"ring_all_reduce, below torch.distributed's functions where the check "
                    f"records communication. Build the ring only from dist.send / dist.recv (or "
-                   f"isend / irecv), as {RING_HINT}.")
+                   f"isend / irecv, or P2POp with batch_isend_irecv), as {RING_HINT}.")
     if used:
         fail(case, f"rank {rank} called dist.{', dist.'.join(used)} inside ring_all_reduce: "
-                   f"only dist.send/dist.recv/dist.isend/dist.irecv may communicate (the "
-                   f"docstring), as {RING_HINT}.")
+                   f"only dist.send/dist.recv/dist.isend/dist.irecv may communicate (P2POp with "
+                   f"batch_isend_irecv too: the docstring), as {RING_HINT}.")
 
 
 def _check_structure(calls, rank, ring, numel, case):

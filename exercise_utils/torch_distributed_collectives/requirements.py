@@ -29,7 +29,8 @@ CONTRACT = {
                "through a float buffer (float64 holds every integer only up to 2**53).",
                cases=("ring-integer",)),
         Clause("p2p-only", "Only ``dist.send``/``dist.recv``/``dist.isend``/``dist.irecv`` may "
-               "communicate (no collective such as ``dist.all_reduce``)",
+               "communicate (``dist.P2POp`` with ``dist.batch_isend_irecv`` too; no collective "
+               "such as ``dist.all_reduce``)",
                cases=("ring-p2p-only", "ring-wire")),
         Clause("messages", "Each rank sends ``2 * (world_size - 1)`` messages of about ``numel / "
                "world_size`` elements", cases=("ring-messages", "ring-wire")),
