@@ -178,3 +178,12 @@ def _check_raise(run, rank, out, where):
     if out["still_initialized"]:
         fail("rp-raise", f"{where}: when train raised, the process group was left "
                          f"initialized: destroy it in a `finally:` block")
+    events = out["events"]
+    after = events[events.index("train raised") + 1:] if "train raised" in events else []
+    if "dist.barrier()" in after:
+        fail("rp-raise", f"{where}: when train raised, rank_process called "
+                         f"{' then '.join(after)}: the barrier belongs after a train that "
+                         f"returned, never in the `finally:`. A rank whose training failed "
+                         f"must not wait for the others: they may be inside a collective it "
+                         f"will never join, and its barrier then waits until the timeout "
+                         f"instead of tearing down at once")

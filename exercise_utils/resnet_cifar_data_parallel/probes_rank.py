@@ -133,6 +133,7 @@ def _run(student, ctx, world, cfg, raises):
         seen[-1]["sum"] = float(t)
         ctx.case("rp-barrier")
         if raises:
+            events.append("train raised")
             raise KeyError("train failed on purpose")
         events.append("train returned")
         return {"rank": rank, "ok": True}

@@ -136,6 +136,15 @@ FLAWS = [
                  "    finally:\n        dist.destroy_process_group()\n",
                  "    result = train(rank, world_size, config, device)\n    dist.barrier()\n"
                  "    dist.destroy_process_group()\n    return result\n"),)),
+    Flaw("rank_process", "barrier_in_finally", clause="barrier-destroy", case="rp-raise",
+         why="puts the barrier in the finally, beside destroy_process_group: a rank whose "
+             "training raised then waits for ranks that may never arrive.",
+         expect="the barrier belongs after a train that returned",
+         patch=(("    try:\n        result = train(rank, world_size, config, device)\n"
+                 "        dist.barrier()\n        return result\n"
+                 "    finally:\n        dist.destroy_process_group()\n",
+                 "    try:\n        return train(rank, world_size, config, device)\n"
+                 "    finally:\n        dist.barrier()\n        dist.destroy_process_group()\n"),)),
     Flaw("rank_process", "swallows_error", clause="raise", case="rp-raise",
          why="catches train's exception, prints it and returns None, so the launcher believes "
              "the training went well.",
