@@ -147,7 +147,8 @@ def check_checkpoint(path, timeout=TIMEOUT):
                 if rank != net[key]["to"]:
                     _must_raise("consolidate-other-ranks", rank, net[key]["got"], f"after {call}")
         check_consolidated("consolidate-fresh", [n["fresh"] for n in nets], size,
-                           f"halving group 0's lr, 2 more steps, consolidate_state_dict(to="
+                           f"halving group 0's lr, 2 more steps, halving it again (a "
+                           f"scheduler's step: no step() since), consolidate_state_dict(to="
                            f"{1 % size})")
         for rank, net in enumerate(nets):
             if rank != net["fresh"]["to"]:

@@ -3,7 +3,8 @@ baseline, float64 and EdgeNet runs of stage "sharded".
 
 Baseline: ``state_dict()`` before any consolidation; ``consolidate_state_dict()`` (``to``
 left at its default), then ``to=size - 1``; the first group's lr halved on both optimizers,
-two more steps, ``consolidate_state_dict(to=1 % size)`` (what every rank's ``state_dict()``
+two more steps, the lr halved again (a scheduler's step, with no ``step()`` after it),
+``consolidate_state_dict(to=1 % size)`` (what every rank's ``state_dict()``
 gives after each); then a fresh ``ShardedOptimizer`` (built with both groups and a wrong
 learning rate) loads the unsharded optimizer's state dict, another the consolidated one (sent
 from rank ``to`` to every rank), and both train on beside the reference. Float64 and EdgeNet:
@@ -103,6 +104,8 @@ def baseline(student, ctx, objects):
     for step in range(STEPS, STEPS + 2):
         lockstep(ctx, "net", "float32", step, ref_model, ref, [(model, opt)], seen=out["seen"])
         opt.zero_grad()
+    for group in (ref.param_groups[0], opt.param_groups[0]):   # a scheduler's step, and the
+        group["lr"] *= 0.5          # consolidation before the next step(): its lr is the new one
     out["fresh"], saved = consolidated(ctx, opt, ref, 1 % ctx.size)
     ctx.case("load-values")
     model2 = copy.deepcopy(ref_model)

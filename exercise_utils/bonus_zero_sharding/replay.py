@@ -162,6 +162,7 @@ def judge_checkpoint(res, size, sharded):
             replay.opt.param_groups[0]["lr"] *= 0.5
             seen = net.get("seen") if isinstance(net.get("seen"), list) else []
             replay.run(range(probes.STEPS, probes.STEPS + 2), seen[:2])
+            replay.opt.param_groups[0]["lr"] *= 0.5     # halved again before consolidating
             if isinstance(net.get("fresh"), dict):
                 net["fresh"]["ref"] = replay.state()
             net["ref_groups"] = replay.result()["ref_groups"]

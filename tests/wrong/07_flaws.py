@@ -389,6 +389,19 @@ FLAWS = [
          expect="cannot be loaded back",
          patch=((MINE, "        mine = {glob[i]: {k: v.tolist() for k, v in state.items()}\n"
                        "                for i, state in local[\"state\"].items()}\n"),)),
+    Flaw("checkpoint", "inner_hyperparameters", clause="fresh", case="consolidate-fresh",
+         why="takes the hyper-parameters from the local optimizer's state dict, which catches "
+             "up with param_groups only at the next step(): after a scheduler's step the "
+             "checkpoint holds the learning rate from before it.",
+         expect="halving it again",
+         patch=(("        for group in self.param_groups:\n"
+                 "            n = len(group[\"params\"])\n"
+                 "            groups.append({**_hyperparameters(group), \"params\": "
+                 "list(range(index, index + n))})\n",
+                 "        for group, inner in zip(self.param_groups, local[\"param_groups\"]):\n"
+                 "            n = len(group[\"params\"])\n"
+                 "            groups.append({**_hyperparameters(inner), \"params\": "
+                 "list(range(index, index + n))})\n"),)),
     Flaw("checkpoint", "cached_consolidation", clause="fresh", case="consolidate-fresh",
          why="keeps the consolidated state once built (rank `to` does not rebuild it): a second "
              "consolidation after more steps returns the old state.",
