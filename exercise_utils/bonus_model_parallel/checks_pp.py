@@ -34,7 +34,8 @@
     flight (the judge's stage module saves its tensors for backward through
     ``saved_tensors_hooks`` into holders that die with the graph);
   - ``pp-values``: after the first call, every stage's parameter gradients, and the loss the
-    last stage returns, equal one process on the whole batch (mse, mean over the batch);
+    last stage returns, equal one process on the whole batch (:func:`.nets.judge_loss`, a mean
+    over the batch that tells its arguments apart);
   - ``pp-accumulate``: after the second call, twice those gradients (accumulated, never zeroed);
   - ``pp-wire``: where links are observed (grading), with a run on a wide batch more
     (:data:`.nets.PP_WIRE_RUNS`), each directed link carries what the messages put there (the
@@ -337,8 +338,9 @@ def _check_values(size, res, salts, step, case, runs=PP_RUNS):
         ref = pp_reference(dtype, salts, batch)
         tol = TOL[dtype]
         scale = max(float(np.max(np.abs(g))) for stage in ref["grads"] for g in stage)
-        hint = (" Is each micro-batch's loss scaled by n_j / n (its share of the batch, not "
-                "1/m: the micro-batches can be uneven)?" if step == 0 else
+        hint = (" Is each micro-batch's loss loss_fn(output_j, target_j) (the output first: "
+                "the check's loss tells its arguments apart) scaled by n_j / n (its share of "
+                "the batch, not 1/m: the micro-batches can be uneven)?" if step == 0 else
                 " Gradients accumulate: pipeline_step adds to .grad and never zeroes it, so a "
                 "second call without zero_grad doubles them.")
         for rank, out in enumerate(res):

@@ -28,7 +28,7 @@ import torch.distributed.distributed_c10d as c10d
 from .. import pgwatch
 from ..recorder import StandsFor
 from ..rankworker import not_implemented
-from .nets import pp_runs, pp_stack, pp_stage
+from .nets import judge_loss, pp_runs, pp_stack, pp_stage
 
 P2P = ("send", "recv", "isend", "irecv")
 SENDS = ("send", "isend")
@@ -301,7 +301,7 @@ def probe_pipeline(student, ctx, orders, runs=None, wire=False):
                         loss = student.pipeline_step(
                             logged, list(order), inputs=x if s == 0 else None,
                             targets=y if s == p - 1 else None,
-                            loss_fn=torch.nn.functional.mse_loss if s == p - 1 else None)
+                            loss_fn=judge_loss if s == p - 1 else None)
                     except WrongPeer:
                         ctx.case("pp-messages")
                         raise

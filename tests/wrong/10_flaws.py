@@ -208,6 +208,11 @@ FLAWS = [
              "equal.",
          expect="scaled by n_j / n",
          patch=((SCALED, "                scaled = loss_fn(out, t_mbs[j]) / m\n"),)),
+    Flaw("pipeline", "loss_arguments_swapped", clause="loss-scaling", case="pp-values",
+         why="calls loss_fn(target, output): the same value for a symmetric loss such as the "
+             "mean squared error, another loss and other gradients for any other.",
+         expect="the output first",
+         patch=((SCALED, "                scaled = loss_fn(t_mbs[j], out) * (t_mbs[j].shape[0] / n)\n"),)),
     Flaw("pipeline", "grads_zeroed", clause="accumulate", case="pp-accumulate",
          why="zeroes the stage's gradients at the start of every step.",
          expect="Gradients accumulate",
