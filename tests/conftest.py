@@ -137,6 +137,19 @@ def no_leftover_processes():
         pytest.fail(f"processes left behind: {details}")
 
 
+@pytest.fixture(scope="module")
+def module_session():
+    """Every check of a test module (in one pytest worker) forks its gloo and lone-process
+    ranks from one zygote, and runs on one set of hosts where it observes links, instead of a
+    zygote (and hosts) per check: each imports torch once (each check_* opens a
+    harness.session; nested ones share the outer one). Started before the module's first test,
+    so that no test sees it appear as a process left behind. Used by tests/test_checks.py,
+    tests/test_cheats.py and tests/test_wire.py (``pytestmark``)."""
+    from exercise_utils import harness
+    with harness.session(start=True):
+        yield
+
+
 @pytest.fixture
 def py():
     """This interpreter."""

@@ -15,6 +15,7 @@ from exercise_utils.integrity import VIOLATION
 
 ROOT = Path(__file__).resolve().parents[1]
 CHEATS = ROOT / "tests" / "cheats"
+pytestmark = pytest.mark.usefixtures("module_session")    # one zygote, one set of hosts
 
 
 def checker_for(stem):

@@ -19,14 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RIGHT = ROOT / "tests" / "right"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_zygote():
-    """Every check of this module (in one pytest worker) forks its gloo and lone-process ranks
-    from one zygote, which imports torch and the probes once instead of once per check (each
-    check_* opens a harness.session; nested ones share the outer one). Started before the first
-    test, so that no test sees it appear as a process left behind."""
-    with harness.session(start=True):
-        yield
+pytestmark = pytest.mark.usefixtures("module_session")    # one zygote, one set of hosts
 
 
 @pytest.mark.parametrize("number,flaw", flaws.all_flaws(),

@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WIRE = ROOT / "tests" / "cheats" / "wire"
 REASON = cluster.unavailable_reason()
 pytestmark = [pytest.mark.network,
-              pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")]
+              pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}"),
+              pytest.mark.usefixtures("module_session")]   # one zygote, one set of hosts
 
 
 def observed(monkeypatch, on):
