@@ -41,6 +41,8 @@ import socket
 import sys
 import threading
 
+from .zygote import exit_flushed, fresh_random_state
+
 MAX_FDS = 250            # descriptors one request can carry (Linux's SCM_MAX_FD is 253)
 _SPAWN_MAIN = re.compile(r"^from multiprocessing\.spawn import spawn_main; "
                          r"spawn_main\(tracker_fd=(\d+), pipe_handle=(\d+)\)$")
@@ -220,11 +222,7 @@ def _worker(sock, fds, request):
         import traceback
         traceback.print_exc()
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        exit_flushed(code)
 
 
 def _take_fds(received, targets):
@@ -257,12 +255,8 @@ def _default_signals():
 
 
 def _fresh_interpreter_state():
-    import random
     import types
-    random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
+    fresh_random_state()
     torch = sys.modules.get("torch")
     if torch is not None:
         given = os.environ.get("OMP_NUM_THREADS", "")

@@ -237,7 +237,7 @@ def _fork_rank(conn, listener, children):
         sys.path[0:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                          if p and p not in sys.path]
         os.chdir(request["cwd"])
-        _fresh_random_state()
+        fresh_random_state()
         if request.get("script"):            # python -u: nothing waits in a buffer
             import io
             sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False),
@@ -256,14 +256,20 @@ def _fork_rank(conn, listener, children):
         if request.get("mpi"):
             _abort()
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        exit_flushed(code)
 
 
-def _fresh_random_state():
+def exit_flushed(code):
+    """Flush Python's stdout and stderr, then leave at once with ``code``: a forked child
+    (a rank, a spawn worker of :mod:`.spawn_template`) runs no cleanup of its parent's."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def fresh_random_state():
     """Seed Python's and numpy's global random numbers from the OS, as a fresh interpreter
     does: every child of one zygote would otherwise start from the same state (notebook
     05's check of snapshots that leave numpy's out then saw a resumed job equal the first)."""
