@@ -142,10 +142,13 @@ def _is_open(fd):
     return True
 
 
-def _recv_exact(sock, size):
+def _recv_exact(sock, size, read=None):
+    """``size`` bytes from ``sock`` (or, with ``read``, from ``read(n)``), fewer where it
+    ended first."""
+    read = read or sock.recv
     data = b""
     while len(data) < size:
-        chunk = sock.recv(size - len(data))
+        chunk = read(size - len(data))
         if not chunk:
             break
         data += chunk
@@ -178,20 +181,11 @@ def _serve(sock, rank):
         os.close(write)
         for fd in fds:
             os.close(fd)
-        pid = _recv_pipe(read)
+        got = _recv_exact(None, 8, lambda n: os.read(read, n))
+        pid = int.from_bytes(got, "big") if len(got) == 8 else 0
         os.close(read)
         os.waitpid(middle, 0)            # gone: the worker is the rank's child now
         sock.sendall(pid.to_bytes(8, "big"))
-
-
-def _recv_pipe(fd):
-    data = b""
-    while len(data) < 8:
-        chunk = os.read(fd, 8 - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return int.from_bytes(data, "big") if len(data) == 8 else 0
 
 
 def _worker(sock, fds, request):
@@ -202,7 +196,8 @@ def _worker(sock, fds, request):
         sock.close()
         # Python objects of the rank's that own a descriptor close it when they are freed,
         # whatever that number is by then (a descriptor passed to the worker): free the
-        # garbage now, while the numbers are still theirs, and keep the streams replaced below
+        # unfrozen garbage now (the frozen is never freed: freeze_for_fork), while the numbers
+        # are still theirs, and keep the streams replaced below
         gc.collect()
         _KEPT.extend([sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__,
                       sys.__stderr__])
