@@ -32,7 +32,10 @@
     logs its forwards and their backwards);
   - ``pp-memory``: at no time more micro-batches' graphs alive on a stage than its order has in
     flight (the judge's stage module saves its tensors for backward through
-    ``saved_tensors_hooks`` into holders that die with the graph);
+    ``saved_tensors_hooks`` into holders that die with the graph), and, on the stages that
+    receive their input, what the process holds: after each forward, at most one micro-batch
+    (:data:`HELD_AFTER_BACKWARD`) whose backward has run while its input's storage is still
+    alive (held by a dict, a receive's Work, an output or a loss kept with its graph);
   - ``pp-values``: after the first call, every stage's parameter gradients, and the loss the
     last stage returns, equal one process on the whole batch (:func:`.nets.judge_loss`, a mean
     over the batch that tells its arguments apart);
@@ -74,6 +77,10 @@ HANG_HINT = ("In a pipeline, a hang is usually two neighbouring stages each wait
              "activation is sent), send with dist.isend and wait on the sends only at the end "
              "of the step; every tag must match on both sides (one per direction and "
              "micro-batch).")
+# after its backward, a finished micro-batch's input may still be held by one of the step's
+# variables until it is next assigned (``x, out = live.pop(j)``, then the next forward):
+# one such micro-batch is not a leak
+HELD_AFTER_BACKWARD = 1
 FUNCS = {"gpipe_order": ("gpipe", "schedule-gpipe"),
          "one_f_one_b_order": ("1f1b", "schedule-1f1b")}
 
@@ -325,6 +332,19 @@ def _check_memory(size, res, runs=PP_RUNS):
                          f"once; its order has at most {in_flight} in flight. A micro-batch's "
                          "graph must be freed by its backward (no retain_graph, no graph kept "
                          "for later): that is what 1F1B saves")
+                if step.get("held", 0) > HELD_AFTER_BACKWARD:
+                    done, k = step["held_at"]
+                    fail("pp-memory",
+                         f"{_describe(name, size, rank)}, call {call + 1} of pipeline_step: at "
+                         f"the forward of micro-batch {k}, "
+                         + (f"the input of micro-batch {done[0]} was" if len(done) == 1 else
+                            "the inputs of micro-batches "
+                            f"{', '.join(map(str, done))} were")
+                         + " still alive in the process after their backward. Once its backward is done, keep nothing that holds a "
+                         "micro-batch's input: not the tensor (in a dict or list), not its "
+                         "receive's Work, not its output or its loss with their graph (the "
+                         "graph leads back to the input: keep .item() or .detach(), and send "
+                         "out.detach())")
 
 
 def _diff(a, e):

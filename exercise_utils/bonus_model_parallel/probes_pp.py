@@ -19,6 +19,7 @@
 
 Used in 10_bonus_model_parallel.
 """
+import gc
 import weakref
 
 import torch
@@ -232,10 +233,19 @@ class _Saved:
 
 class _Alive:
     """How many saved tensors of each micro-batch are alive; the peak of micro-batches alive at
-    once, looked at after every forward (when one more graph has just been built)."""
+    once, looked at after every forward (when one more graph has just been built).
 
-    def __init__(self):
-        self.count, self.peak = {}, 0
+    It also follows what the process holds, not only what autograd keeps: on a stage that
+    receives its input (``track``), a weak reference to the storage of each micro-batch's
+    input. After every forward, ``held`` is the most micro-batches whose backward had already
+    run while their input's storage was still alive (one that an unfinished micro-batch still
+    uses does not count: a reused receive buffer), and ``held_at`` when that was. A storage
+    lives while anything holds it: the student's variables and dicts, a Work handle of its
+    receive, an output or a loss kept with its graph (the graph leads back to the input)."""
+
+    def __init__(self, track=False):
+        self.count, self.peak, self.track = {}, 0, track
+        self.inputs, self.held, self.held_at = {}, 0, None
 
     def add(self, saved):
         self.count[saved.k] = self.count.get(saved.k, 0) + 1
@@ -243,8 +253,26 @@ class _Alive:
     def discard_k(self, k):
         self.count[k] -= 1
 
-    def look(self):
+    def follow(self, k, x):
+        if self.track and isinstance(x, torch.Tensor):
+            self.inputs[k] = weakref.ref(x.untyped_storage())
+
+    def look(self, ops):
         self.peak = max(self.peak, sum(1 for n in self.count.values() if n > 0))
+        if self.track:
+            held = self._held(ops)
+            if len(held) > self.held:
+                gc.collect()                   # what only a reference cycle kept is not held
+                held = self._held(ops)
+            if len(held) > self.held:
+                self.held, self.held_at = len(held), [sorted(held), ops[-1][1] if ops else None]
+
+    def _held(self, ops):
+        done = {k for kind, k in ops if kind == "B"}
+        storages = {k: ref() for k, ref in self.inputs.items()}
+        busy = {id(st) for k, st in storages.items() if k not in done and st is not None}
+        return {k for k, st in storages.items()
+                if k in done and st is not None and id(st) not in busy}
 
 
 class _Logged(torch.nn.Module):
@@ -260,10 +288,11 @@ class _Logged(torch.nn.Module):
         k = sum(1 for op in self.ops if op[0] == "F")
         self.ops.append(["F", k])
         alive = self.alive
+        alive.follow(k, x)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: _Saved(t, k, alive),
                                                       lambda saved: saved.tensor):
             y = self.stage(x)
-        alive.look()
+        alive.look(self.ops)
         return _Tap.apply(y, k, self.ops)
 
 
@@ -296,7 +325,7 @@ def probe_pipeline(student, ctx, orders, runs=None, wire=False):
             try:
                 for _ in range(2):
                     rec.take()
-                    logged.ops, logged.alive = [], _Alive()
+                    logged.ops, logged.alive = [], _Alive(track=s > 0)
                     try:
                         loss = student.pipeline_step(
                             logged, list(order), inputs=x if s == 0 else None,
@@ -308,7 +337,9 @@ def probe_pipeline(student, ctx, orders, runs=None, wire=False):
                     calls.append({"loss": loss if isinstance(loss, (int, float)) or loss is None
                                   else repr(loss)[:100],
                                   "grads": _grads(stage), "calls": rec.take(),
-                                  "ops": list(logged.ops), "peak": logged.alive.peak})
+                                  "ops": list(logged.ops), "peak": logged.alive.peak,
+                                  "held": logged.alive.held,
+                                  "held_at": logged.alive.held_at})
             except NotImplementedError as exc:
                 results[name] = not_implemented(student, exc)
                 continue

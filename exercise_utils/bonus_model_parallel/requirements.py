@@ -90,6 +90,11 @@ CONTRACT = {
         Clause("graph-freed", "A micro-batch's graph is freed by its backward (no "
                "``retain_graph``): under 1F1B a stage then holds the saved activations of at "
                "most ``p - s`` micro-batches at once.", cases=("pp-memory",)),
+        Clause("inputs-freed", "Once its backward is done, the stage keeps nothing that holds a "
+               "micro-batch's input: not the tensor (in a dict or a list), not its receive's "
+               "Work, not its output or its loss with their graph (the graph leads back to the "
+               "input: keep ``.item()`` or ``.detach()``, and send ``out.detach()``).",
+               cases=("pp-memory",)),
         Clause("returns", "On the last stage, the whole batch's loss as a Python float; None on "
                "the other stages.", cases=("pp-values",)),
         Clause("no-deadlock", "A deadlock is reported as a hang, with a hint.",

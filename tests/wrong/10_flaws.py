@@ -225,6 +225,23 @@ FLAWS = [
          patch=(("            torch.autograd.backward(out, grad)\n",
                  "            torch.autograd.backward(out, grad, retain_graph=True)\n"
                  "            live[j + 1000] = (x, out)\n"),)),
+    Flaw("pipeline", "inputs_kept", clause="inputs-freed", case="pp-memory",
+         why="reads each micro-batch's input and output from its dict at the backward instead "
+             "of taking them out, so the dict holds every micro-batch's input until the step "
+             "ends: autograd freed the saved tensors, but the activations are all still there.",
+         expect="still alive in the process after their backward",
+         patch=(("            x, out = live.pop(j)\n", "            x, out = live[j]\n"),)),
+    Flaw("pipeline", "losses_with_graph", clause="inputs-freed", case="pp-memory",
+         why="keeps every micro-batch's scaled loss, graph and all, to add them up at the end: "
+             "each loss's graph leads back to its micro-batch's input, which stays alive.",
+         expect="still alive in the process after their backward",
+         patch=(("                total += float(scaled.detach())\n",
+                 "                losses.append(scaled)\n"),
+                ("    return total if last else None\n",
+                 "    return float(sum(losses)) if last else None\n"),
+                ("    sends, headers, grads, live, total = [], {}, {}, {}, 0.0\n",
+                 "    sends, headers, grads, live, total = [], {}, {}, {}, 0.0\n"
+                 "    losses = []\n"))),
     Flaw("pipeline", "returns_tensor", clause="returns", case="pp-values",
          why="returns the loss as a tensor.",
          expect="as a Python float",
