@@ -212,6 +212,9 @@ AVG_PROMISE = {
     "avg-group": "average over the ranks of group only",
     "avg-empty-rank": "num_samples may be 0 on a rank (its gradients are then zeros); that rank "
                       "still takes part in every all_reduce",
+    "avg-varying": "Which parameters have a gradient may change from one call to the next (a "
+                   "layer the forward skips in some steps, one frozen for a while): look at "
+                   "p.grad in every call",
 }
 
 
@@ -249,8 +252,9 @@ def _why_ranks_differ(grads, first):
 def check_average_gradients(path, timeout=TIMEOUT):
     """Check ``average_gradients`` with 3 and 2 ranks (one launch each): SGD with unequal local
     batches equals single-process SGD on the concatenated batches, on FrozenTiedNet, on EdgeNet
-    (frozen, unused, tied, transposed and 0-d parameters) in float32 and float64, with a rank
-    that holds no sample in a step, and (3 ranks) inside process groups of non-consecutive
+    (frozen, unused, tied, transposed and 0-d parameters) in float32 and float64, on a
+    BranchNet whose parameters with a gradient change from step to step (``avg-varying``:
+    compared after every step), with a rank that holds no sample in a step, and (3 ranks) inside process groups of non-consecutive
     ranks (``group=``), each averaging over its own ranks. Where links are observed (grading)
     with a wide model more, and all links together must carry what the all_reduces put there
     (``avg-wire``, :mod:`.wire`: right files measured 1.08 to 1.22 times the least, 0.78 to
@@ -275,9 +279,12 @@ def _check_avg_case(case, kind, dtype, splits, got, ranks, where=None, salts=Non
     """The ranks ``ranks`` (their results ``got``) against one process on their rows
     (``salts``: each rank's, from which its rows derive)."""
     batches = avg_batches(splits, kind, dtype, salts)
-    ref_grads, ref_state = avg_run(avg_model(kind, dtype), batches, group_rows(splits, ranks))
+    ref_steps = []
+    ref_grads, ref_state = avg_run(avg_model(kind, dtype), batches, group_rows(splits, ranks),
+                                   vary=probes.vary_of(kind), steps=ref_steps)
     sizes = [[s[r] for r in ranks] for s in splits]
-    model = {"tied": "FrozenTiedNet", "edge": "EdgeNet (eval mode)"}.get(kind, f"a wide {kind}")
+    model = {"tied": "FrozenTiedNet", "edge": "EdgeNet (eval mode)",
+             "branch": "BranchNet"}.get(kind, f"a wide {kind}")
     where = where or f"{len(ranks)} ranks"
     call = f"average_gradients on a {dtype} {model} with {where} and local batch sizes {sizes}"
     for rank, r in zip(ranks, got):
@@ -286,6 +293,8 @@ def _check_avg_case(case, kind, dtype, splits, got, ranks, where=None, salts=Non
                                 f"{sorted(r['grads'])}; expected {sorted(ref_grads)}: Parameters "
                                 f"whose grad is None (frozen or unused) are skipped (the "
                                 f"docstring): leave their .grad None, do not give them one")
+    if case == "avg-varying":
+        _check_avg_steps(call, got, ranks, ref_steps, TIGHT[dtype])
     first = got[0]["grads"]
     for rank, r in zip(ranks, got):
         for name in r["grads"]:
@@ -305,6 +314,27 @@ def _check_avg_case(case, kind, dtype, splits, got, ranks, where=None, salts=Non
         assert_close(r["state"], ref_state, f"parameters after {len(splits)} SGD steps with "
                      f"{call} must equal single-process SGD on the concatenated batches. The "
                      f"docstring: {AVG_PROMISE[case]}", rank, atol, rtol, case=case, dtype=True)
+
+
+def _check_avg_steps(call, got, ranks, ref_steps, tol):
+    """``avg-varying``: after every call, the parameters with a gradient are that step's (the
+    branch used in step 2 only, fc1 frozen in step 1 only: :func:`.probes.vary_grads`), and
+    their gradients the weighted average."""
+    for step, want in enumerate(ref_steps):
+        what = (f"step {step + 1}, where the parameters with a gradient are {sorted(want)} (the "
+                f"branch is used in step 2 only; fc1 is frozen in step 1 only)")
+        for rank, r in zip(ranks, got):
+            mine = r["steps"][step]
+            if set(mine) != set(want):
+                fail("avg-varying", f"rank {rank}: after {call}, {what}, the parameters with a "
+                                    f"gradient are {sorted(mine)}. {AVG_PROMISE['avg-varying']} "
+                                    f"(the docstring): a parameter whose grad is None in this "
+                                    f"call is skipped (its .grad stays None), one that has a "
+                                    f"gradient now is averaged, whatever the earlier calls saw")
+            assert_close(mine, want, f"gradients after {call}, {what}, must be sum_r (n_r / N) "
+                         f"* g_r. {AVG_PROMISE['avg-varying']} (the docstring): do not keep the "
+                         f"list of parameters (or a buffer laid out for them) from an earlier "
+                         f"call", rank, *tol, case="avg-varying", dtype=True)
 
 
 def _check_avg_groups(got, size, salts=None):

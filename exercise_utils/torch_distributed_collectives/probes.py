@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..harness import state_arrays
-from ..models import EdgeNet, FrozenTiedNet
+from ..models import BranchNet, EdgeNet, FrozenTiedNet
 from ..rankworker import salted_generator
 
 
@@ -199,18 +199,37 @@ AVG_GROUP_SPLIT = [4, 2, 5]
 # :mod:`.wire`).
 WIDE = 512
 AVG_WIRE_SPLIT = {2: [[5, 3]], 3: [[4, 2, 5]]}
-FEATURES = {"tied": (12, 3), "edge": (6, 4), "wide": (WIDE, 3)}     # (inputs, classes)
+FEATURES = {"tied": (12, 3), "edge": (6, 4), "wide": (WIDE, 3), "branch": (8, 3)}  # (inputs,
+#                                                                                   classes)
+
+
+def vary_grads(model, step):
+    """Before step ``step`` (from 0) of the run ``avg-varying``: which of the BranchNet's
+    parameters get a gradient changes from one call to the next. In step 1 only ``head`` has
+    one (the branch is skipped, ``fc1`` frozen); in step 2 all do (the branch used, ``fc1``
+    unfrozen); in step 3 all but the branch (skipped again). A list of the parameters with a
+    gradient (or of the trainable ones) kept from the first call misses ``fc1`` and the
+    branch in step 2."""
+    model.use_branch = step == 1
+    model.fc1.requires_grad_(step != 0)
+
+
+def vary_of(kind):
+    """The :func:`vary_grads` of a run on ``kind``'s model, or None (the same every step)."""
+    return vary_grads if kind == "branch" else None
 
 
 def avg_cases(size, wire=False):
     """``(case, model, dtype, splits, grouped)`` run in one launch with ``size`` ranks: the
     baseline (FrozenTiedNet: a frozen and a tied parameter), then one dimension changed at a
     time: EdgeNet (frozen, unused, tied, transposed and 0-d parameters), float64, (``wire``:
-    the wide FrozenTiedNet), process groups of non-consecutive ranks, a rank without samples
+    the wide FrozenTiedNet), a BranchNet whose parameters with a gradient change from step to
+    step (:func:`vary_grads`), process groups of non-consecutive ranks, a rank without samples
     (last: a rank that skips the all_reduce leaves the others waiting)."""
     cases = [("avg-values", "tied", "float32", AVG_SPLITS[size], False),
              ("avg-model", "edge", "float32", AVG_SPLITS[size], False),
-             ("avg-float64", "edge", "float64", AVG_SPLITS[size], False)]
+             ("avg-float64", "edge", "float64", AVG_SPLITS[size], False),
+             ("avg-varying", "branch", "float32", AVG_SPLITS[size], False)]
     if wire:
         cases.append(("avg-model", "wide", "float32", AVG_WIRE_SPLIT[size], False))
     if size in AVG_GROUPS:
@@ -220,11 +239,13 @@ def avg_cases(size, wire=False):
 
 def avg_model(kind="tied", dtype="float32"):
     """The replica every rank starts from: FrozenTiedNet (``wide``: of :data:`WIDE` features),
-    or EdgeNet in eval mode (BatchNorm on its running statistics, so that the weighted average
-    is the global batch's gradient)."""
+    BranchNet (``branch``: :func:`vary_grads`), or EdgeNet in eval mode (BatchNorm on its
+    running statistics, so that the weighted average is the global batch's gradient)."""
     torch.manual_seed(0)
     if kind in ("tied", "wide"):
         return FrozenTiedNet(FEATURES[kind][0]).to(getattr(torch, dtype))
+    if kind == "branch":
+        return BranchNet(*FEATURES[kind]).to(getattr(torch, dtype))
     return EdgeNet(dtype=getattr(torch, dtype)).eval()
 
 
@@ -252,21 +273,27 @@ def _grads(model):
             if p.grad is not None}
 
 
-def avg_run(model, batches, rows=None, after_backward=None):
+def avg_run(model, batches, rows=None, after_backward=None, vary=None, steps=None):
     """SGD with momentum (written out: no ``torch.optim``, whose first use imports
     ``torch._dynamo``, seconds of CPU per rank) on the mean loss of this rank's rows
-    (``rows(step)``: an index; a rank without rows has loss 0 and zero gradients). Returns
-    (the gradients of step 1, the final state)."""
+    (``rows(step)``: an index; a rank without rows has loss 0 and zero gradients); a parameter
+    without a gradient in a step is skipped (its momentum kept), as by ``torch.optim.SGD``.
+    ``vary(model, step)`` before each step (:func:`vary_grads`); ``steps``: a list that
+    receives every step's gradients. Returns (the gradients of step 1, the final state)."""
     first, velocity = None, {}
     for step, (x, y) in enumerate(batches):
         part = rows(step) if rows else slice(None)
         xb, yb = x[part], y[part]
+        if vary:
+            vary(model, step)
         model.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(xb), yb, reduction="sum") / max(len(yb), 1)
         loss.backward()
         if after_backward:
             after_backward(len(yb))
         first = first or _grads(model)
+        if steps is not None:
+            steps.append(_grads(model))
         with torch.no_grad():
             for p in model.parameters():
                 if p.grad is not None:
@@ -294,19 +321,35 @@ def _my_group(ctx, groups):
     return next(grp for grp, g in zip(made, groups) if ctx.rank in g)
 
 
+def _named_none(case, average):
+    """``average`` whose crash on a parameter without a gradient says so."""
+    def call(n):
+        try:
+            average(n)
+        except (AttributeError, TypeError) as exc:
+            if "NoneType" not in str(exc):
+                raise
+            why = (" Which parameters have a gradient changes from call to call in this run: "
+                   "look at p.grad in every call" if case == "avg-varying" else "")
+            raise type(exc)(f"{exc}. (If it comes from a gradient: a parameter whose p.grad is "
+                            f"None (frozen or unused) must be skipped.{why})") from exc
+    return call
+
+
 def probe_average_gradients(student, ctx, wire=False):
     """Every case of :func:`avg_cases` (``wire``: the wide model's too): SGD on this rank's
     rows with the student's averaging after each backward. Returns per case the step-1
-    gradients and the final state."""
+    gradients and the final state (``avg-varying``: every step's gradients too)."""
     out = []
     for case, kind, dtype, splits, grouped in avg_cases(ctx.size, wire):
         ctx.case(case)
         group = _my_group(ctx, AVG_GROUPS[ctx.size]) if grouped else None
         model = avg_model(kind, dtype)
         _seed_everything(1000 + ctx.rank)
-        average = ((lambda n: student.average_gradients(model, n, group=group)) if grouped
-                   else (lambda n: student.average_gradients(model, n)))
+        average = _named_none(case, (lambda n: student.average_gradients(model, n, group=group))
+                              if grouped else (lambda n: student.average_gradients(model, n)))
+        steps = [] if vary_of(kind) else None
         first, state = avg_run(model, avg_batches(splits, kind, dtype, {ctx.rank: ctx.salt}),
-                               rows(splits, ctx.rank), average)
-        out.append({"grads": first, "state": state})
+                               rows(splits, ctx.rank), average, vary_of(kind), steps)
+        out.append({"grads": first, "state": state, **({"steps": steps} if steps else {})})
     return out

@@ -101,6 +101,9 @@ CONTRACT = {
                "differ between ranks).", cases=("avg-values",)),
         Clause("skipped", "Parameters whose ``grad`` is ``None`` (frozen or unused) are skipped.",
                cases=("avg-no-grad",)),
+        Clause("varying", "Which parameters have a gradient may change from one call to the "
+               "next (a layer the forward skips in some steps, one frozen for a while): look at "
+               "``p.grad`` in every call.", cases=("avg-varying",)),
         Clause("any-model", "Any model: frozen, unused, tied, transposed (non-contiguous: "
                "``reshape`` works, ``view(-1)`` does not) and 0-d parameters, float32 or float64 "
                "gradients, whose dtype you keep (no float32 buffer for float64 gradients).",

@@ -25,6 +25,7 @@ Inside a group the calls span its ranks only (a rank alone sends nothing).
 Used in 03_torch_distributed_collectives (by :mod:`.checks` and :mod:`.checks_batchnorm`).
 """
 from .. import wire
+from . import probes
 from .probes import AVG_GROUPS, avg_batches, avg_model, avg_run
 from .probes_batchnorm import BN_STEPS
 
@@ -42,10 +43,16 @@ def _add(total, calls, least_calls, size):
 
 
 def _gradient_bytes(kind, dtype, splits):
-    """Bytes of every gradient the model of a case has (frozen and unused parameters have
-    none), from one step of the judge's own run."""
-    grads, _ = avg_run(avg_model(kind, dtype), avg_batches(splits[:1], kind, dtype))
-    return [g.nbytes for g in grads.values()]
+    """Per step, bytes of every gradient the model of a case has in that step (frozen and
+    unused parameters have none; in ``avg-varying`` which have one changes from step to
+    step), from the judge's own run."""
+    if not probes.vary_of(kind):        # the same every step: one step says it
+        grads, _ = avg_run(avg_model(kind, dtype), avg_batches(splits[:1], kind, dtype))
+        return [[g.nbytes for g in grads.values()]] * len(splits)
+    steps = []
+    avg_run(avg_model(kind, dtype), avg_batches(splits, kind, dtype), vary=probes.vary_of(kind),
+            steps=steps)
+    return [[g.nbytes for g in step.values()] for step in steps]
 
 
 def avg_wire_envelope(size, cases):
@@ -53,10 +60,11 @@ def avg_wire_envelope(size, cases):
     ranks carry over ``cases`` (:func:`.probes.avg_cases`); see the module docstring."""
     total = [0, 0]
     for _, kind, dtype, splits, grouped in cases:
-        grads = [("all_reduce", n) for n in _gradient_bytes(kind, dtype, splits)]
-        allowed = grads + [("all_reduce", COUNT_BYTES)]
+        grads = [("all_reduce", n) for step in _gradient_bytes(kind, dtype, splits)
+                 for n in step]
+        allowed = grads + [("all_reduce", COUNT_BYTES)] * len(splits)
         for ranks in AVG_GROUPS[size] if grouped else [range(size)]:
-            _add(total, allowed * len(splits), grads * len(splits), len(ranks))
+            _add(total, allowed, grads, len(ranks))
     return total[0], total[1] + wire.SETUP
 
 

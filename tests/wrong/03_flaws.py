@@ -427,6 +427,15 @@ FLAWS = [
              "a layer the forward did not use (grad None) crashes the flattening.",
          expect="in check case 'avg-model'",
          patch=((AVG_PARAMS, "    params = [p for p in model.parameters() if p.requires_grad]\n"),)),
+    Flaw("average_gradients", "params_found_once", clause="varying", case="avg-varying",
+         why="finds the parameters that have a gradient at the first call and keeps that list "
+             "on the model for the later calls (\"the model does not change\"): a layer the "
+             "first step skipped, or one frozen then, is never averaged afterwards.",
+         expect="must be sum_r (n_r / N) * g_r. Which parameters have a gradient may change",
+         patch=((AVG_PARAMS, """    if not hasattr(model, "_with_grad"):           # found once: the model does not change
+        model._with_grad = [p for p in model.parameters() if p.grad is not None]
+    params = model._with_grad
+"""),)),
     Flaw("average_gradients", "float32_buffer", clause="any-model", case="avg-float64",
          why="reduces the gradients in a float32 buffer (\"gradients are float32\") and copies "
              "them back: exact on a float32 model, rounded on a float64 one.",
