@@ -254,8 +254,9 @@ def check_average_gradients(path, timeout=TIMEOUT):
     batches equals single-process SGD on the concatenated batches, on FrozenTiedNet, on EdgeNet
     (frozen, unused, tied, transposed and 0-d parameters) in float32 and float64, on a
     BranchNet whose parameters with a gradient change from step to step (``avg-varying``:
-    compared after every step), with a rank that holds no sample in a step, and (3 ranks) inside process groups of non-consecutive
-    ranks (``group=``), each averaging over its own ranks. Where links are observed (grading)
+    compared after every step), with a rank that holds no sample in a step, and (3 ranks)
+    inside process groups of non-consecutive ranks (``group=``), each averaging over its own
+    ranks. Where links are observed (grading)
     with a wide model more, and all links together must carry what the all_reduces put there
     (``avg-wire``, :mod:`.wire`: right files measured 1.08 to 1.22 times the least, 0.78 to
     0.87 of the most; every rank's gradient gathered beside the all_reduces, 1.9 times it)."""
