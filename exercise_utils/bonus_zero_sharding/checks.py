@@ -14,7 +14,8 @@ sharded one holds (each parameter's on exactly one rank, the one ``partition_par
 gives, group after group from the loads before it; every rank's share within ``BALANCE`` of
 1/world_size), one local optimizer with a group per group, and the full ``param_groups`` as
 AdamW's; then one dimension changed at a time (:mod:`.probes_runs`): float64, EdgeNet
-(frozen, unused, tied, transposed, 0-d parameters), ``zero_grad(set_to_none=False)``,
+(frozen, unused, tied, transposed, 0-d parameters), ``zero_grad(set_to_none=False)``, Switch
+(the parameters with a gradient change from step to step),
 ``step(closure)``, a rank without parameters, SGD as ``optimizer_cls``, a generator or
 dicts as ``params``, a group given as one tensor, and a ``StepLR`` scheduler. Checks that fail
 raise :class:`~exercise_utils.contract.CheckFailure` naming their case of the contract
@@ -161,6 +162,8 @@ def check_runs(res, size):
     for rank, out in enumerate(res):
         _check_zeros(rank, size, out["zeros"])
     for rank, out in enumerate(res):
+        _check_switch(rank, size, out["switch"])
+    for rank, out in enumerate(res):
         _check_closure(rank, size, out["closure"])
     for rank, out in enumerate(res):
         compare("empty-rank", rank, size, out["empty"], f"{short} of a model with 2 parameters",
@@ -202,6 +205,29 @@ def _check_zeros(rank, size, zeros):
                "its gradient was not reset")
         fail("zero-grad-zeros", f"rank {rank}, {size} ranks, EdgeNet: after "
              f"zero_grad(set_to_none=False) {name}'s gradient is {state}, expected {want}: {why}")
+
+
+def _switching(steps):
+    """Which branch of the probe's Switch model had a gradient at each of ``steps``, in words."""
+    return ", ".join(f"step {s + 1}: {probes.branch(s)}" for s in steps)
+
+
+def _check_switch(rank, size, run):
+    """The Switch model: branch a has a gradient at steps 1 and 3, b at step 2 only."""
+    what = (f"a model whose forward uses one branch per step ({_switching(range(probes.SHORT))}"
+            f"; only that branch's parameters get a gradient)")
+    for step, grads in enumerate(run["grads"]):
+        left = [n for n, state in grads.items() if state != "none"]
+        if left:
+            fail("zero-grad-varying", f"rank {rank}, {size} ranks, {what}: after step "
+                 f"{step + 1} and zero_grad(), {left[:4]} still had a gradient: which "
+                 f"parameters have one changes from step to step: reset every parameter that "
+                 f"has a .grad now, not a list of those that had one at the first step")
+    compare("step-varying", rank, size, run, f"{probes.SHORT} AdamW steps of {what}", "which "
+            "parameters have a gradient changes from step to step: at every step the local "
+            "optimizer updates those that have one now (b.* first at step 2; a.* has none "
+            "then) and every rank receives their new values: look at every .grad at every "
+            "step, never at a list kept from the first one")
 
 
 def _check_closure(rank, size, run):

@@ -7,7 +7,10 @@ left at 0), then ``to=size - 1``, then ``to=1 % size`` after more steps and a ch
 and every other rank's raises RuntimeError, as it does everywhere before any consolidation;
 a fresh ``ShardedOptimizer`` that loads the unsharded optimizer's state dict keeps only its
 shard, takes the groups' hyper-parameters and trains on exactly like the reference, and so
-does one that loads the consolidated state dict (float32, float64 and EdgeNet).
+does one that loads the consolidated state dict (float32, float64 and EdgeNet). On a model
+whose parameters with a gradient change from step to step (the probe's Switch), the state of a
+parameter appears in the consolidated state dict once it has had a gradient, also after a
+resume: a fresh optimizer that loaded the state dict, trained on and consolidated again.
 
 Used in 07_bonus_zero_sharding.
 """
@@ -34,8 +37,11 @@ def _same_value(a, b, tol):
 def _same_state_dict(case, got, want, call, tol):
     keys = sorted(got.get("state", {}))
     if keys != sorted(want["state"]):
+        missing, extra = sorted(set(want["state"]) - set(keys)), sorted(set(keys) -
+                                                                    set(want["state"]))
         fail(case, f"{call}: its 'state' has entries {keys}; the unsharded AdamW's has "
-                   f"{sorted(want['state'])} (one per parameter that has state, numbered over "
+                   f"{sorted(want['state'])} (missing: {missing}, not expected: {extra}; one "
+                   f"per parameter that has state, numbered over "
                    f"all groups in order, a parameter without gradient included in the "
                    f"numbering): map each rank's local indices to the global ones")
     for index, state in want["state"].items():
@@ -126,6 +132,38 @@ def check_loaded(res, size):
 
 
 @check
+def _check_switch(res, size):
+    """The Switch run: consolidated while c.* and spare.* never had a gradient, again after c's
+    first one; and by a fresh optimizer that loaded the first state dict and trained alike."""
+    runs = [out["switch"] for out in res]
+    model = (f"a model whose forward uses one branch per step (step 1: a, step 2: b, step "
+             f"{probes.SHORT}: a)")
+    first = f"{probes.SHORT} steps of {model}, consolidate_state_dict() (c.* and spare.* never " \
+            f"had a gradient: no state, no entry)"
+    check_consolidated("checkpoint-varying", [r["first"] for r in runs], size, first)
+    for rank, run in enumerate(runs):
+        _loadable("checkpoint-varying", run["first"], size)
+    more = "2 more steps (c.* gets its first gradient in the first, b.* in the second)"
+    check_consolidated("checkpoint-varying", [r["again"] for r in runs], size,
+                       f"{first}, {more}, consolidate_state_dict(to={size - 1}) (each call "
+                       f"gathers the state as it is now: c.* has state since)")
+    for rank, run in enumerate(runs):
+        compare("checkpoint-varying", rank, size, {"final": run["final"],
+                                                   "ref": run["ref_final"]},
+                f"{first}, then {more}", "the state of every parameter that has one")
+    resumed = (f"{first}; load_state_dict of that state dict into a fresh ShardedOptimizer, "
+               f"{more}, consolidate_state_dict(to={1 % size}) (spare.* never had a gradient: "
+               f"no entry in the state dict loaded, no state after loading, no entry now)")
+    check_consolidated("checkpoint-resumed", [r["resumed"] for r in runs], size, resumed)
+    for rank, run in enumerate(runs):
+        compare("checkpoint-resumed", rank, size, {"final": run["trip_final"],
+                                                   "ref": run["ref_final"]},
+                f"{first}; load_state_dict of it into a fresh ShardedOptimizer, then {more}",
+                "a parameter without an entry in the state dict has no state after loading, "
+                "and the local optimizer creates it at its first gradient, as AdamW does")
+
+
+@check
 def check_checkpoint(path, timeout=TIMEOUT):
     """Check ``consolidate_state_dict``, ``state_dict`` and ``load_state_dict`` (2, 3 and 1
     ranks; the same launches as ``check_sharded``; on the wire, a launch that trains then
@@ -166,3 +204,4 @@ def check_checkpoint(path, timeout=TIMEOUT):
                         f"load_state_dict of the consolidated state dict of {model}, then 2 "
                         f"steps", "the state of every parameter that has one, in the "
                         "parameters' dtype, under its global index", tol)
+        _check_switch(res, size)

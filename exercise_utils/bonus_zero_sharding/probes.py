@@ -12,12 +12,14 @@ float32, AdamW, the head added with ``add_param_group`` and its own hyper-parame
 step ``ADD_AT``; the optimizer state MEASURED in every ``torch.optim.Optimizer`` the sharded
 optimizer holds; the gradients after each ``zero_grad()``; the groups, full and local); then
 one dimension changed at a time: float64, :class:`~exercise_utils.models.EdgeNet` (frozen,
-unused, tied, transposed and 0-d parameters; ``zero_grad(set_to_none=False)``), ``step(closure)``,
+unused, tied, transposed and 0-d parameters; ``zero_grad(set_to_none=False)``),
+:class:`Switch` (a branch of the forward that has a gradient at one step and none at the next),
+``step(closure)``,
 a rank that owns no parameter, SGD as ``optimizer_cls``, a generator or dicts as ``params``, a
 group given as one tensor, and a ``StepLR`` scheduler.
 
-Stage "checkpoint" (:mod:`.probes_checkpoint`) continues from the baseline, float64 and
-EdgeNet runs: ``state_dict()`` before any consolidation, ``consolidate_state_dict`` to each
+Stage "checkpoint" (:mod:`.probes_checkpoint`) continues from the baseline, float64,
+EdgeNet and Switch runs: ``state_dict()`` before any consolidation, ``consolidate_state_dict`` to each
 rank in turn and again after more steps, ``load_state_dict`` of the unsharded optimizer's and
 of the consolidated state dict, then more steps.
 
@@ -45,7 +47,8 @@ ADAMW = {"lr": LR, "weight_decay": WEIGHT_DECAY}
 HEAD = {"lr": 0.02, "weight_decay": 0.0}   # the hyper-parameters of the added group
 SGD = {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}   # the optimizer_cls case
 SCHED, SCHED_STEPS = {"step_size": 2, "gamma": 0.5}, 5   # StepLR: lr halved every 2 steps
-INPUTS = {"net": (WIDTH, CLASSES), "edge": (6, 4), "tiny": (4, 3)}   # features, classes
+INPUTS = {"net": (WIDTH, CLASSES), "edge": (6, 4), "tiny": (4, 3), "switch": (5, 3)}
+BRANCHES = {1: "b", 4: "c", 5: "b"}   # Switch's branch at each step (else "a"): see branch()
 BUILT = []                            # the optimizer_cls instances built (CountingAdamW, ...)
 
 
@@ -61,6 +64,29 @@ class Net(nn.Module):
 
     def forward(self, x):
         return self.head(self.body(x))
+
+
+class Switch(nn.Module):
+    """A model whose set of parameters with a gradient changes from step to step: the forward
+    uses one of the branches ``a``, ``b``, ``c`` (the one the first input feature names: 0, 1
+    or 2, the same in every row and on every rank: :func:`batch`); ``spare`` is never used."""
+
+    def __init__(self):
+        super().__init__()
+        features, classes = INPUTS["switch"]
+        self.inp = nn.Linear(features, 6)
+        self.a, self.b, self.c, self.spare = (nn.Linear(6, 6) for _ in range(4))
+        self.head = nn.Linear(6, classes)
+
+    def forward(self, x):
+        branch = (self.a, self.b, self.c)[int(x[0, 0].item())]
+        return self.head(torch.tanh(branch(torch.tanh(self.inp(x)))))
+
+
+def branch(step):
+    """The branch of :class:`Switch` that the forward uses at ``step`` (0-based): "a" at steps
+    0 and 2 (b has no gradient), "b" at 1 (a has none), "c" at 4 (its first gradient)."""
+    return BRANCHES.get(step, "a")
 
 
 class CountingAdamW(torch.optim.AdamW):
@@ -80,11 +106,13 @@ class CountingSGD(torch.optim.SGD):
 
 
 def make_model(kind="net", dtype="float32"):
-    """``Net`` ("net"), an :class:`EdgeNet` ("edge") or two bias-free layers ("tiny": fewer
-    parameters than ranks), seeded, in ``dtype``."""
+    """``Net`` ("net"), an :class:`EdgeNet` ("edge"), two bias-free layers ("tiny": fewer
+    parameters than ranks) or a :class:`Switch` ("switch"), seeded, in ``dtype``."""
     torch.manual_seed(0)
     if kind == "edge":
         return EdgeNet(dtype=getattr(torch, dtype))
+    if kind == "switch":
+        return Switch().to(getattr(torch, dtype))
     if kind == "tiny":
         model = nn.Sequential(nn.Linear(4, 3, bias=False), nn.Tanh(), nn.Linear(3, 3, bias=False))
     else:
@@ -100,8 +128,10 @@ def numels(kind="net"):
 def batch(kind, step, rank, dtype="float32"):
     features, classes = INPUTS[kind]
     g = torch.Generator().manual_seed(1009 * step + 31 * rank + 3)
-    return (torch.randn(LOCAL_BATCH, features, generator=g).to(getattr(torch, dtype)),
-            torch.randint(0, classes, (LOCAL_BATCH,), generator=g))
+    x = torch.randn(LOCAL_BATCH, features, generator=g).to(getattr(torch, dtype))
+    if kind == "switch":
+        x[:, 0] = "abc".index(branch(step))      # the branch Switch's forward uses
+    return x, torch.randint(0, classes, (LOCAL_BATCH,), generator=g)
 
 
 def named(model):

@@ -9,7 +9,9 @@ gives after each); then a fresh ``ShardedOptimizer`` (built with both groups and
 learning rate) loads the unsharded optimizer's state dict, another the consolidated one (sent
 from rank ``to`` to every rank), and both train on beside the reference. Float64 and EdgeNet:
 ``consolidate_state_dict()``, and a fresh optimizer that loads the consolidated state dict
-trains on.
+trains on. Switch (a branch of the forward per step): consolidated when two branches never had
+a gradient, loaded into a fresh optimizer; both train on while one of those branches gets its
+first gradient, and both consolidate again (the second call after a resume).
 
 Used in 07_bonus_zero_sharding.
 """
@@ -150,6 +152,38 @@ def round_trip(student, ctx, kind, dtype, objects):
     return out
 
 
+def switching(student, ctx, objects):
+    """The Switch run after its SHORT steps (``c`` and ``spare`` never had a gradient, so they
+    have no state): consolidate on rank 0; a fresh optimizer loads that state dict; both train
+    2 steps beside the reference (``c``'s first gradient in the first, ``b``'s in the second);
+    then the first consolidates again (``to=size - 1``), and so does the resumed one
+    (``to=1 % size``)."""
+    ref_model, ref, model, opt = objects
+    first, saved = consolidated(ctx, opt, ref)
+    out = {"first": first, "seen": []}
+    followers, cases = [(model, opt)], ["checkpoint-varying"]
+    if saved is not None:
+        ctx.case("checkpoint-resumed")
+        model3 = copy.deepcopy(ref_model)
+        opt3 = student.ShardedOptimizer(list(model3.parameters()), torch.optim.AdamW,
+                                        **{**ADAMW, "lr": 10 * LR})
+        opt3.load_state_dict(saved)
+        followers.append((model3, opt3))
+        cases.append("checkpoint-resumed")
+    for step in range(SHORT + 1, SHORT + 3):
+        lockstep(ctx, "switch", "float32", step, ref_model, ref, followers, cases, out["seen"])
+        for _, o in followers:
+            o.zero_grad()
+    ctx.case("checkpoint-varying")
+    out["again"], _ = consolidated(ctx, opt, ref, ctx.size - 1)
+    out["final"], out["ref_final"] = named(model), named(ref_model)
+    if saved is not None:
+        ctx.case("checkpoint-resumed")
+        out["resumed"], _ = consolidated(ctx, opt3, ref, 1 % ctx.size)
+        out["trip_final"] = named(model3)
+    return out
+
+
 def checkpoint(student, ctx, objects):
     """Stage "checkpoint": ``{"net": ..., "float64": ..., "edge": ...}`` (see the module)."""
     out = {"net": baseline(student, ctx, objects["net"])}
@@ -157,4 +191,6 @@ def checkpoint(student, ctx, objects):
     out["float64"] = round_trip(student, ctx, "net", "float64", objects["float64"])
     ctx.case("checkpoint-edge")
     out["edge"] = round_trip(student, ctx, "edge", "float32", objects["edge"])
+    ctx.case("checkpoint-varying")
+    out["switch"] = switching(student, ctx, objects["switch"])
     return out

@@ -24,6 +24,7 @@ def _listed(model):
 RUNS = {
     "float64": dict(dtype="float64"),
     "edge": dict(kind="edge"),
+    "switch": dict(kind="switch"),
     "empty": dict(kind="tiny", params=lambda m: [m[0].weight],
                   adds=[(1, lambda m: {"params": [m[2].weight]})]),
     "sgd": dict(cls=CountingSGD, ref_cls=torch.optim.SGD, hyper=SGD),
@@ -186,6 +187,8 @@ def run_all(student, ctx):
     out["edge"], objects["edge"] = follow(student, ctx, **RUNS["edge"])
     ctx.case("zero-grad-zeros")
     out["zeros"] = zeros(ctx, "edge", "float32", objects["edge"])
+    ctx.case("step-varying")
+    out["switch"], objects["switch"] = follow(student, ctx, **RUNS["switch"])
     ctx.case("step-closure")
     out["closure"] = with_closure(student, ctx)
     ctx.case("empty-rank")

@@ -169,6 +169,16 @@ def judge_checkpoint(res, size, sharded):
             replay.run(range(probes.STEPS + 2, probes.STEPS + 2 + probes.MORE_STEPS),
                        seen[2:])
             net["ref_final"] = replay.result()["ref"]
+        trip = out.get("switch")
+        if isinstance(trip, dict) and isinstance(trip.get("first"), dict):
+            replay = Replay("switch", size).run(range(probes.SHORT),
+                                                before.get("switch", {}).get("seen"))
+            trip["first"]["ref"] = replay.state()
+            replay.run(range(probes.SHORT + 1, probes.SHORT + 3), trip.get("seen"))
+            for key in ("again", "resumed"):
+                if isinstance(trip.get(key), dict):
+                    trip[key]["ref"] = replay.state()
+            trip["ref_final"] = replay.result()["ref"]
         for name in ("float64", "edge"):
             trip = out.get(name)
             if not isinstance(trip, dict) or "ref" not in trip:

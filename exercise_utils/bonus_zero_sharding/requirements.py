@@ -74,6 +74,10 @@ CONTRACT = {
                "``torch.optim.AdamW`` does), tied (one parameter), stored transposed (not "
                "contiguous: ``reshape``, not ``view``) or 0-d.",
                cases=("float64", "edge-model")),
+        Clause("varying", "Which parameters have a gradient may change from one step to the "
+               "next (a branch of the forward used at some steps only): look at every "
+               "``.grad`` at every step, as ``torch.optim.AdamW`` does.",
+               cases=("step-varying", "zero-grad-varying")),
         Clause("empty-rank", "With more ranks than parameters a rank owns none, and still makes "
                "every collective call.", cases=("empty-rank",)),
         Clause("param-groups", "a list of dicts, each with ``\"params\"`` (list of all its "
@@ -137,7 +141,8 @@ CONTRACT = {
         Clause("fresh", "Each call gathers the state as it is now (after more steps, call it "
                "again) and replaces what an earlier call left: afterwards only rank ``to`` holds "
                "a consolidated state, and ``state_dict()`` raises RuntimeError on every other "
-               "rank.", cases=("consolidate-fresh", "consolidate-other-ranks")),
+               "rank.", cases=("consolidate-fresh", "consolidate-other-ranks",
+                               "checkpoint-varying")),
         Clause("runtime-error", "RuntimeError: this rank holds no consolidated state (call "
                "``consolidate_state_dict(to=...)`` on every rank first).",
                cases=("state-dict-raises", "consolidate-other-ranks")),
@@ -149,7 +154,8 @@ CONTRACT = {
         Clause("load-hyper", "and every group's hyper-parameters (into ``self.param_groups`` "
                "too).", cases=("load-hyper",)),
         Clause("load-missing", "A parameter without state (never updated: frozen, unused) has no "
-               "entry in ``state_dict[\"state\"]``.", cases=("checkpoint-edge",)),
+               "entry in ``state_dict[\"state\"]``.",
+               cases=("checkpoint-edge", "checkpoint-resumed")),
         Clause("load-own", "`load_state_dict` takes such a dict on every rank and keeps its own "
                "shard.", cases=("load-values", "load-round-trip", "load-shard-only")),
     ],

@@ -43,8 +43,15 @@ class Run:
         self.spec = {**DEFAULT, **SPECS[name]}
         with torch.random.fork_rng(devices=[]):
             self.model = probes.make_model(self.spec["kind"], self.spec["dtype"])
-        x, y = probes.batch(self.spec["kind"], 0, 0, self.spec["dtype"])
+        self.at(0)
+
+    def at(self, step):
+        """The gradients of ``step`` (which parameters have one may change from step to step:
+        the Switch model), on rank 0's batch."""
+        self.model.zero_grad(set_to_none=True)
+        x, y = probes.batch(self.spec["kind"], step, 0, self.spec["dtype"])
         F.cross_entropy(self.model(x), y).backward()
+        return self
 
     def groups(self, step):
         """The optimizer's groups (lists of parameters) in ``step``."""
@@ -65,7 +72,7 @@ class Run:
         """``(least, most)`` calls of one step: the probe's averaging, then each follower's
         ``step()``: every owner broadcasts its parameters' new values, at least those that have
         a gradient, at most every parameter of every group, one by one or per owner and group."""
-        groups = self.groups(step)
+        groups = self.at(step).groups(step)
         params = [p for g in groups for p in g]
         least = [("broadcast", _nbytes(p)) for p in params if p.grad is not None] * followers
         most = ([("broadcast", _nbytes(p)) for p in params]
@@ -83,14 +90,18 @@ class Run:
 
     def shards(self, size, step):
         """Each rank's optimizer state after ``step``: ``(bytes of its tensors, tensors)``
-        (AdamW: two of the parameter's size and a 4-byte step, for each parameter with a
-        gradient; the owners: the notebook's greedy partition, group after group)."""
+        (AdamW: two of the parameter's size and a 4-byte step, for each parameter that had a
+        gradient at any step up to ``step``; the owners: the notebook's greedy partition, group
+        after group)."""
+        had = set()
+        for earlier in range(step + 1):
+            had |= {id(p) for p in self.at(earlier).model.parameters() if p.grad is not None}
         loads, state = [0] * size, [[0, 0] for _ in range(size)]
         for group in self.groups(step):
             owners = greedy([p.numel() for p in group], size, loads)
             for p, r in zip(group, owners):
                 loads[r] += p.numel()
-                if p.grad is not None:
+                if id(p) in had:
                     state[r][0] += 2 * _nbytes(p) + 4
                     state[r][1] += 3
         return state
@@ -134,8 +145,8 @@ def sharded_calls(size):
     low, high = partitions()
     least = [("all_gather", 8 * size), ("all_gather", size * low)]
     most = [("all_gather", 8 * size), ("all_gather", size * high)]
-    for name in ("train", "float64", "edge", "closure", "empty", "sgd", "generator", "dicts",
-                 "tensor_group", "scheduler"):
+    for name in ("train", "float64", "edge", "switch", "closure", "empty", "sgd", "generator",
+                 "dicts", "tensor_group", "scheduler"):
         run = Run(name)
         low, high = run.steps(range(run.spec["steps"]), size)
         least, most = least + low, most + high
@@ -147,7 +158,9 @@ def sharded_calls(size):
 def checkpoint_calls(size):
     """``(least, most)`` calls of stage "checkpoint" (:mod:`.probes_checkpoint`): on the
     baseline three consolidations, 2 steps, then 3 steps of two optimizers that loaded a state
-    dict; on the float64 model and EdgeNet one consolidation and 2 steps each."""
+    dict; on the float64 model and EdgeNet one consolidation and 2 steps each; on the Switch
+    model one consolidation, 2 steps of two optimizers (one resumed from it), and one
+    consolidation of each."""
     least, most = [], []
 
     def add(calls):
@@ -163,6 +176,11 @@ def checkpoint_calls(size):
         run = Run(name)
         add(consolidation(run, size, probes.SHORT - 1, 0))
         add(run.steps(range(probes.SHORT + 1, probes.SHORT + 3), size))
+    run, last = Run("switch"), probes.SHORT + 2
+    add(consolidation(run, size, probes.SHORT - 1, 0))
+    add(run.steps(range(probes.SHORT + 1, probes.SHORT + 3), size, 2))
+    add(consolidation(run, size, last, size - 1))
+    add(consolidation(run, size, last, 1 % size))
     return least, most
 
 
@@ -187,5 +205,5 @@ def judge(links, stage, size, trained=None):
             envelope = envelope[0], min(envelope[1], int(trained * (1 + NOISE)) + own)
         what = "ShardedOptimizer's training, then consolidate_state_dict"
         asked += (", and each consolidation gathering every rank's optimizer state on rank "
-                  "`to` (5 of them)")
+                  "`to` (8 of them)")
     wire.check(links, envelope, CASE[stage], f"{what} with {size} ranks", asked)

@@ -29,6 +29,9 @@ NOT_TO = ("        if self.rank != to:\n"
 MERGED = ("        self._consolidated = {\"state\": dict(sorted(state.items())), "
           "\"param_groups\": groups}\n")
 MINE = "        mine = {glob[i]: state for i, state in local[\"state\"].items()}\n"
+ALL_PARAMS = "        params = [p for g in self.param_groups for p in g[\"params\"]]\n"
+APPEND_GROUP = ("        self.param_groups.append({**_hyperparameters(self.optim.param_groups[-1]),\n"
+                "                                  \"params\": params})\n")
 LOAD_ENTRY = ("                if index in state_dict[\"state\"]:\n"
               "                    state[local] = state_dict[\"state\"][index]\n")
 
@@ -471,4 +474,52 @@ FLAWS = [
          expect="load-values",
          patch=(("                if self.owners[id(p)] != self.rank:\n                    continue\n",
                  "                if self.owners[id(p)] != 0:\n                    continue\n"),)),
+    # ------------------------------------------------------------------ time-varying gradients
+    Flaw("sharded", "broadcast_first_grads", clause="varying", case="step-varying",
+         why="broadcasts only the parameters that have a gradient (the others do not change), "
+             "found once at the first step and again only when a group is added: a branch that "
+             "first gets a gradient at step 2 is updated by its owner and never sent.",
+         expect="in b.",
+         patch=((APPEND_GROUP, APPEND_GROUP + "        self._updated = None      # the groups "
+                 "changed: find them again at the next step\n"),
+                (ALL_PARAMS, "        if getattr(self, \"_updated\", None) is None:    # the "
+                 "parameters AdamW updates\n"
+                 "            self._updated = [p for g in self.param_groups for p in g[\"params\"]\n"
+                 "                             if p.grad is not None]\n"
+                 "        params = self._updated\n"))),
+    Flaw("sharded", "zero_grad_first_grads", clause="varying", case="zero-grad-varying",
+         why="zero_grad resets a list of the parameters with a gradient, made at its first call "
+             "(and again when a group is added): a branch that first gets a gradient later "
+             "keeps it, and the next step adds it again.",
+         expect="after step 2 and zero_grad()",
+         patch=((APPEND_GROUP, APPEND_GROUP + "        self._with_grad = None    # the groups "
+                 "changed: find them again\n"),
+                Def("ShardedOptimizer.zero_grad",
+                    "def zero_grad(self, set_to_none=True):\n"
+                    "    \"\"\"Reset the gradients of the parameters that have one.\"\"\"\n"
+                    "    if getattr(self, \"_with_grad\", None) is None:  # those with gradients\n"
+                    "        self._with_grad = [p for g in self.param_groups for p in g[\"params\"]\n"
+                    "                           if p.grad is not None]\n"
+                    "    for p in self._with_grad:\n"
+                    "        if set_to_none:\n"
+                    "            p.grad = None\n"
+                    "        else:\n"
+                    "            p.grad.detach_()\n"
+                    "            p.grad.zero_()\n"))),
+    Flaw("checkpoint", "consolidate_first_keys", clause="fresh", case="checkpoint-varying",
+         why="keeps the local indices that have state from the first consolidation and "
+             "gathers only those later: a parameter whose first gradient came after it never "
+             "appears in the consolidated state.",
+         expect="missing: [6, 7]",
+         patch=((MINE, "        if getattr(self, \"_stateful\", None) is None:   # which local "
+                 "indices have state\n"
+                 "            self._stateful = sorted(local[\"state\"])\n"
+                 "        mine = {glob[i]: local[\"state\"][i] for i in self._stateful}\n"),)),
+    Flaw("checkpoint", "load_empty_entries", clause="load-missing", case="checkpoint-resumed",
+         why="gives every parameter of the shard an entry when loading, an empty one where the "
+             "state dict has none: training is the same (AdamW fills an empty state at the "
+             "first gradient), but the next consolidation lists parameters that never had one.",
+         expect="not expected: [8, 9]",
+         patch=((LOAD_ENTRY, "                state[local] = state_dict[\"state\"].get(index, {})"
+                 "   # none yet: empty\n"),)),
 ]
