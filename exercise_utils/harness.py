@@ -185,10 +185,36 @@ def _hang_message(what, backend, world_size, reports, report, path):
     """What the watch saw when every unfinished rank stopped making progress."""
     seen = "\n  ".join(heartbeat.describe(report, path))
     comm = any(s.get("comm") or backend == "mpi" for s in report)
-    cause = ("hung: ranks issued different collectives? Every rank must call the same "
-             "collectives, in the same order, with matching sizes." if comm and backend != "none"
-             else "hung: the code stopped making progress (waiting for something that never "
-             "happens: a lock, a queue, a process that was never started or has died?)")
+    cycle, waits = heartbeat.wait_for(report)
+    spinning = [s["rank"] for s in report if s.get("spinning")]
+    if cycle:
+        calls = {rank: (call, peer) for rank, call, peer in waits}
+        cause = ("hung: a point-to-point deadlock: "
+                 + ", ".join(f"rank {r} waits in {calls[r][0]} "
+                             f"{'to' if calls[r][0] in heartbeat.SENDS else 'from'} rank "
+                             f"{calls[r][1]}" for r in cycle)
+                 + ": each waits for the next (a blocking send waits until the other side "
+                 "has posted its receive). Post the receives with irecv before waiting on "
+                 "anything, or order the sends and receives so that one side receives first.")
+    elif spinning:
+        cause = (f"hung: rank{'s' * (len(spinning) > 1)} {', '.join(map(str, spinning))} "
+                 "kept looping on the same few lines (polling, e.g. `while not "
+                 "work.is_completed()`) while the others waited: what the loop waits for "
+                 "never came (a message never sent, a tag that does not match, a rank waiting "
+                 "for this one?).")
+    elif waits and all(s.get("comm") in heartbeat.P2P for s in report if s.get("comm")):
+        cause = ("hung: " + ", ".join(
+            f"rank {r} waits in {call} {'to' if call in heartbeat.SENDS else 'from'} rank "
+            f"{peer}" for r, call, peer in waits)
+            + ", and nothing will come: every send needs its receive posted on the other "
+            "side, with the same tag.")
+    else:
+        cause = ("hung: ranks issued different collectives? Every rank must call the same "
+                 "collectives, in the same order, with matching sizes."
+                 if comm and backend != "none"
+                 else "hung: the code stopped making progress (waiting for something that "
+                 "never happens: a lock, a queue, a process that was never started or has "
+                 "died?)")
     return (f"{what} hung: no progress with {world_size} {backend} process(es) (ranks finished: "
             f"{sorted(reports) or 'none'}; ranks still waiting: {[s['rank'] for s in report]}); "
             f"all were killed.\n  {seen}\n{cause}")

@@ -12,7 +12,11 @@ line of the student's file) and how much CPU the rank and its children have used
 * **done** as soon as every rank has reported its result: a rank that reported is never
   "still waiting", and slow exits are not waited for;
 * **hang** only when every rank that has not reported has stood still for ``hang_after``
-  seconds, with the place each one is waiting (in which collective, at which line).
+  seconds, with the place each one is waiting (in which collective, at which line; for a
+  blocking point-to-point call, to or from which rank, so a send/send deadlock is named as
+  one), or when some stood still that long while the others **spun**: ran only the same few
+  lines of the student's own code (:data:`SPIN_LINES`, e.g. ``while not work.is_completed():
+  pass``) for as long. A rank that loops with nobody waiting is left to the wall limit.
 
 A slow or heavily loaded machine therefore only makes a check slower, never "hung"; the
 launcher's wall-clock limit stays as a backstop against code that runs on for ever.
@@ -33,6 +37,9 @@ PERIOD = 0.5             # seconds between beats
 IDLE_CPU = 0.03          # CPU-seconds per second below which a rank is not computing
 COMM_MODULES = ("torch/distributed/", "mpi4py")   # frames that mean "in communication"
 STARTING = ("start", "init")   # phases that are never a hang: imports, forming the group
+SPIN_LINES = 3           # a rank that stays on this many lines of its own code at most "spins"
+P2P = ("send", "recv", "isend", "irecv", "send_object_list", "recv_object_list")
+SENDS = ("send", "isend", "send_object_list")
 # Held while the beating thread holds a frame of the main thread: a frame kept keeps its locals
 # (tensors) alive after the main thread has left it, so code that measures the memory alive
 # (09's probes) takes this lock around its scan; on a loaded machine the beating thread can
@@ -121,8 +128,9 @@ def _cpu(proc, own=0.0):
 
 
 def _where(frame, student):
-    """Where the main thread is: innermost frame, innermost student line, communication call."""
-    pos, mine, comm, depth = None, None, None, 0
+    """Where the main thread is: innermost frame, innermost student line, communication call
+    (and, for a point-to-point one, its peer and tag: :func:`_peer`)."""
+    pos, mine, comm, peer, depth = None, None, None, None, 0
     while frame is not None:
         code = frame.f_code
         if pos is None:
@@ -131,9 +139,24 @@ def _where(frame, student):
             mine = [frame.f_lineno, code.co_name]
         if comm is None and any(m in code.co_filename for m in COMM_MODULES):
             comm = code.co_name
+            peer = _peer(frame) if comm in P2P else None
         depth += 1
         frame = frame.f_back
-    return {"pos": (pos or []) + [depth], "student": mine, "comm": comm}
+    return {"pos": (pos or []) + [depth], "student": mine, "comm": comm, "peer": peer}
+
+
+def _peer(frame):
+    """``[peer, tag]`` of a blocking point-to-point call of torch.distributed (its ``dst`` or
+    ``src``, else ``group_dst`` / ``group_src``; None where not given), read from the frame in
+    which the rank is blocked; None if the names are not there."""
+    try:
+        names = frame.f_locals
+        peer = next((names[n] for n in ("dst", "src", "group_dst", "group_src")
+                     if isinstance(names.get(n), int)), None)
+        tag = names.get("tag")
+        return [peer, tag if isinstance(tag, int) else None] if peer is not None else None
+    except Exception:   # noqa: BLE001 - a diagnosis only: never break the beat
+        return None
 
 
 class Watch:
@@ -169,9 +192,19 @@ class Watch:
             return "done"
         waiting = [r for r in range(self.nranks) if r not in done]
         states = [self._state(r, now) for r in waiting]
-        if states and all(s is not None and now - s["moved"] >= self.hang_after for s in states):
-            return ("hang", [dict(s, rank=r, still=now - s["moved"])
-                             for r, s in zip(waiting, states)])
+        if not states or any(s is None for s in states):
+            return None
+        still = [now - s["moved"] >= self.hang_after for s in states]
+        spins = [s["spin"] is not None and now - s["spin"]["since"] >= self.hang_after
+                 for s in states]
+        # a hang: every rank stands still, or some spin on a few lines of the student's file
+        # while the others stand still (they wait for each other; an endless loop with no rank
+        # waiting is left to the wall limit)
+        if all(still) or (any(still) and all(a or b for a, b in zip(still, spins))):
+            return ("hang", [{**{k: v for k, v in s.items() if k != "spin"}, "rank": r,
+                              "still": now - s["moved"],
+                              "spinning": None if st else sorted(s["spin"]["lines"])}
+                             for r, s, st in zip(waiting, states, still)])
         return None
 
     def summary(self, path=None):
@@ -197,10 +230,11 @@ class Watch:
         old = self.seen.get(rank)
         cpu_moved = old is not None and not self.spinning and (
             beat["cpu"] - old["cpu"] > IDLE_CPU * max(now - old["t"], PERIOD))
+        spin = _spin(old, beat, now)
         if (old is None or beat["pos"] != old["pos"] or beat["phase"] != old["phase"]
                 or cpu_moved or beat["pid"] != old["pid"] or beat["phase"] in STARTING):
             old = {"moved": now}
-        self.seen[rank] = {**beat, "moved": old["moved"], "t": now}
+        self.seen[rank] = {**beat, "moved": old["moved"], "t": now, "spin": spin}
         return self.seen[rank]
 
     def _read(self, rank):
@@ -210,6 +244,25 @@ class Watch:
         except (OSError, ValueError):
             return None
         return beat if _alive(folder, beat) else None
+
+
+def _spin(old, beat, now):
+    """``{"lines", "since"}``: since when every beat has found the rank on the same few lines
+    (at most :data:`SPIN_LINES`) of the student's own code, innermost (a loop such as ``while
+    not work.is_completed(): pass``, which moves and burns CPU but gets nowhere); None when
+    the last beat found it elsewhere."""
+    mine, pos = beat.get("student"), beat.get("pos") or []
+    if not mine or len(pos) < 4 or [pos[1], pos[2]] != list(mine) or beat.get("comm"):
+        return None
+    line = mine[0]
+    spin = (old or {}).get("spin")
+    if spin is None or beat["pid"] != old.get("pid"):
+        return {"lines": {line}, "since": now}
+    if line in spin["lines"]:
+        return spin
+    if len(spin["lines"]) < SPIN_LINES:
+        return {"lines": spin["lines"] | {line}, "since": spin["since"]}
+    return {"lines": {line}, "since": now}
 
 
 def _alive(folder, beat):
@@ -236,7 +289,36 @@ def describe(report, path=None):
         where = f"line {s['student'][0]} ({s['student'][1]}) of {path or 'your file'}" \
             if s.get("student") else f"{Path(s['pos'][0]).name}:{s['pos'][1]} ({s['pos'][2]})"
         call = f" inside {s['comm']}" if s.get("comm") else ""
+        if s.get("peer"):
+            peer, tag = s["peer"]
+            call += (f" {'to' if s['comm'] in SENDS else 'from'} rank {peer}"
+                     + (f" (tag {tag})" if tag is not None else ""))
+        if s.get("spinning"):
+            where = (f"line{'s' * (len(s['spinning']) > 1)} "
+                     f"{', '.join(map(str, s['spinning']))} ({s['student'][1]}) of "
+                     f"{path or 'your file'}")
+            lines.append(f"rank {s['rank']}: spinning at {where}: it kept running those lines "
+                         "and nothing else, waiting for something that never came "
+                         f"[{s['phase']}]")
+            continue
         state = (f"no progress for {s['still']:.0f} s" if s["still"] >= 2 * PERIOD + 1
                  else "busy")
         lines.append(f"rank {s['rank']}: {state} at {where}{call} [{s['phase']}]")
     return lines
+
+
+def wait_for(report):
+    """What a hang report says about point-to-point waits: ``(cycle, waits)``, ``waits`` the
+    ``(rank, call, peer)`` of every rank blocked in a point-to-point call whose peer is known,
+    ``cycle`` the ranks of a cycle of them (each waits for the next: a deadlock) or None."""
+    waits = [(s["rank"], s["comm"], s["peer"][0]) for s in report
+             if s.get("comm") in P2P and s.get("peer") and not s.get("spinning")]
+    towards = {rank: peer for rank, _, peer in waits}
+    for start in towards:
+        seen, rank = [], start
+        while rank in towards and rank not in seen:
+            seen.append(rank)
+            rank = towards[rank]
+        if rank in seen:
+            return seen[seen.index(rank):], waits
+    return None, waits

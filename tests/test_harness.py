@@ -361,6 +361,50 @@ def test_hang_message_says_where_each_waiting_rank_stands(tmp_path):
     assert "hung: ranks issued different collectives?" in msg
 
 
+def test_a_point_to_point_deadlock_is_named_as_one(tmp_path):
+    """Both ranks send first with a blocking dist.send: the message says who waits on whom,
+    not "different collectives"."""
+    path = student(tmp_path, """
+        import torch.distributed as dist
+        def reduce(t):
+            peer = 1 - dist.get_rank()
+            dist.send(t, dst=peer, tag=7)
+            dist.recv(t, src=peer, tag=7)
+        """)
+    with pytest.raises(AssertionError) as err:
+        run_ranks(path, GLOO_SUM, 2, "gloo", timeout=5)
+    msg = str(err.value)
+    assert ("hung: a point-to-point deadlock: rank 0 waits in send to rank 1, rank 1 waits in "
+            "send to rank 0") in msg, msg
+    assert "inside send to rank 1 (tag 7)" in msg and "collectives" not in msg, msg
+
+
+def test_a_rank_that_spins_while_its_peer_waits_is_a_hang_within_the_timeout(tmp_path):
+    """Rank 0 polls a receive that never completes (``while not work.is_completed()``), burning
+    CPU on one line; rank 1 waits in a receive from rank 0. Reported after the hang timeout,
+    not at the wall limit, with both places; a rank that only loops, with no rank waiting,
+    stays an endless loop for the wall limit (test_endless_loop_is_stopped_at_the_limit)."""
+    path = student(tmp_path, """
+        import torch.distributed as dist
+        def reduce(t):
+            if dist.get_rank() == 0:
+                work = dist.irecv(t, src=1, tag=3)
+                while not work.is_completed():
+                    pass
+            else:
+                dist.recv(t, src=0, tag=3)
+        """)
+    start = time.monotonic()
+    with pytest.raises(AssertionError) as err:
+        run_ranks(path, GLOO_SUM, 2, "gloo", timeout=5, limit=300)
+    took = time.monotonic() - start
+    msg = str(err.value)
+    assert "rank 0: spinning at line" in msg and "(reduce)" in msg, msg
+    assert "rank 1: no progress for" in msg and "inside recv from rank 0 (tag 3)" in msg, msg
+    assert "hung: rank 0 kept looping on the same few lines" in msg, msg
+    assert took < 150, f"reported after {took:.0f} s (the wall limit was 300 s)"
+
+
 def test_a_stuck_process_without_collectives_is_not_blamed_on_collectives(tmp_path):
     path = student(tmp_path, """
         import threading

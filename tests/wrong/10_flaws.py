@@ -250,12 +250,23 @@ FLAWS = [
     Flaw("pipeline", "blocking_sends", clause="no-deadlock", case="pp-values",
          why="sends with blocking dist.send and posts a gradient's receive only when its "
              "backward is due: in 1F1B's steady state two neighbours each wait for the other.",
-         expect=" hung", timeout=15,
+         expect="hung: a point-to-point deadlock: rank 0 waits in send to rank 1, rank 1 "
+                "waits in send to rank 0", timeout=15,
          patch=(("        sends.append((dist.isend(t, dst=dst, tag=tag), t))     # keep t alive "
                  "until waited\n", "        dist.send(t, dst=dst, tag=tag)\n"),
                 ("                grads[j] = irecv(out.shape, out.dtype, s + 1, tag_gradient(j))\n",
                  "                grads[j] = (out.shape, out.dtype)\n"),
                 ("                grad, work = grads.pop(j)\n",
                  "                grad, work = irecv(*grads.pop(j), s + 1, tag_gradient(j))\n"))),
+    Flaw("pipeline", "spins_on_wrong_tag", clause="no-deadlock", case="pp-values",
+         why="polls a gradient's receive with `while not work.is_completed(): pass` and posts "
+             "it with the activation's tag, which the next stage never sends back: stage s "
+             "spins for ever while stage s+1 waits for its next activation.",
+         expect="kept looping on the same few lines", timeout=15,
+         patch=(("                grads[j] = irecv(out.shape, out.dtype, s + 1, tag_gradient(j))\n",
+                 "                grads[j] = irecv(out.shape, out.dtype, s + 1, tag_activation(j))\n"),
+                ("                grad, work = grads.pop(j)\n                work.wait()\n",
+                 "                grad, work = grads.pop(j)\n"
+                 "                while not work.is_completed():\n"
+                 "                    pass\n"))),
 ]
-
