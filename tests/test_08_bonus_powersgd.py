@@ -160,7 +160,14 @@ def test_the_sweeps_reach_every_edge_the_contract_names():
     ortho = ref.ORTHO_CASES
     assert {"float32", "float64"} == {dtype for _, _, dtype, _ in ortho}
     assert (1, 1) in {shape for _, shape, _, _ in ortho}
-    assert {sp[1] for *_, sp in ortho if isinstance(sp, tuple)} == {0, 1}
+    assert {sp[1] for *_, sp in ortho if isinstance(sp, tuple) and sp[0] == "zero"} == {0, 1}
+    scaled = {(dtype, sp[1]) for _, _, dtype, sp in ortho if isinstance(sp, tuple)
+              and sp[0] == "scale"}
+    for dtype in ("float32", "float64"):      # norms where eps under the square root shows,
+        assert any(d == dtype and x <= 1e-3 for d, x in scaled)      # and far above 1
+        assert any(d == dtype and x >= 1e3 for d, x in scaled)
+    assert any(0 in shape and len(shape) == 2 and shape[0] == 0 for _, shape, _, _ in cases)
+    assert any(0 in shape[1:] for _, shape, _, _ in cases if len(shape) > 2)
     assert any(sp == "parallel" for *_, sp in ortho)
     assert launches.WORLDS == (1, 2, 3) and ref.STEPS >= 2
     s = ref.SETTINGS
@@ -168,6 +175,15 @@ def test_the_sweeps_reach_every_edge_the_contract_names():
     assert s["float64"].dtype == "float64"
     full = [shape for _, _, shape, _ in ref.trainable(s["full"].model) if len(shape) >= 2]
     assert all(s["full"].rank > min(shape[0], int(np.prod(shape[1:]))) for shape in full)
+    kinds = {kind for _, _, kind in ref.layout(s["varying"].model)}
+    steps = range(ref.STEPS)
+    assert any(not ref.has_grad(k, 0) and ref.has_grad(k, 1) for k in kinds)   # gets one later
+    assert any(ref.has_grad(k, t) and not ref.has_grad(k, t + 1) and ref.has_grad(k, t + 2)
+               for k in kinds for t in steps[:-2])                    # loses it, gets it back
+    assert all(s["varying"].rank > 0 and any(ref.has_grad(k, t) and k != "none" for k in kinds)
+               for t in steps)
+    empty = [shape for _, shape, _ in ref.layout(s["empty"].model) if 0 in shape]
+    assert any(shape[0] == 0 for shape in empty) and any(0 in shape[1:] for shape in empty)
     synthetic = [kind for _, _, kind in ref.layout("synthetic")]
     assert synthetic.index("frozen") not in (0, len(synthetic) - 1)
     assert [shape for _, shape, kind in ref.layout("synthetic") if kind == "none"] == [(5, 8), (5,)]

@@ -10,11 +10,12 @@ launch. Every failure is a
 (:mod:`.requirements`) that found it.
 
 * ``orthogonalize`` on float32 and float64 matrices, one column, a zero column (eps), nearly
-  parallel columns: a tensor of P's shape and dtype, orthonormal columns, column j from P's
+  parallel columns, columns of norms far below 1 (eps added to the norm, not under the square
+  root) and far above: a tensor of P's shape and dtype, orthonormal columns, column j from P's
   columns 0..j (P = result @ R, R upper-triangular); float64 held to float64 precision.
-* ``compression_rank`` on about 100 shapes (0-d to 4-D), ranks above min(n, m), rates 0 to 3
-  with ties, each as a ``torch.Size`` and as a tuple: equal to :func:`.expected.compression_rank`,
-  an int.
+* ``compression_rank`` on about 100 shapes (0-d to 4-D, some with a zero dimension), ranks
+  above min(n, m), rates 0 to 3 with ties, each as a ``torch.Size`` and as a tuple: equal to
+  :func:`.expected.compression_rank`, an int.
 
 Used in 08_bonus_powersgd.
 """
@@ -36,10 +37,19 @@ ORTHO_DOC = ("(the docstring: a tensor of P's shape and dtype whose columns are 
 
 
 def ortho_verdict(k, got):
-    """:func:`verdict` on the k-th input of :data:`.reference.ORTHO_CASES`."""
+    """:func:`verdict` on the k-th input of :data:`.reference.ORTHO_CASES`; on columns scaled
+    far from 1 (``ortho-eps-norm``) a failure also says where eps goes."""
     _, shape, dtype, special = ref.ORTHO_CASES[k]
-    return verdict(ref.ortho_input(k).double().numpy(), dtype, got,
-                   special[1] if isinstance(special, tuple) else None)
+    zero = special[1] if isinstance(special, tuple) and special[0] == "zero" else None
+    found = verdict(ref.ortho_input(k).double().numpy(), dtype, got, zero)
+    if found and isinstance(special, tuple) and special[0] == "scale":
+        found = (found[0], f"{found[1]}\nP's entries are of the order of {special[1]:g}, its "
+                 f"columns' norms far {'below' if special[1] < 1 else 'above'} 1. The "
+                 f"docstring: eps is added to each column's norm before dividing by it "
+                 f"(column / (norm + eps)); under the square root (column / sqrt(sum of "
+                 f"squares + eps)) it shortens every column whose squared norm is not far "
+                 f"above eps")
+    return found
 
 
 def verdict(p, dtype, got, zero=None):
@@ -102,7 +112,7 @@ def _eps_share(p, zero, eps=1e-8):
 def check_orthogonalize(path, timeout=TIMEOUT):
     """Check ``orthogonalize(P)`` on every input of :data:`.reference.ORTHO_CASES`: the
     baseline's orthonormal columns, then its Gram-Schmidt structure, then one column, a zero
-    column and float64 (each input's own case)."""
+    column, float64 and columns of norms far from 1 (each input's own case)."""
     verdicts = [ortho_verdict(k, got) for k, got in
                 enumerate(_local_stage(path, "orthogonalize", timeout))]
     base = [k for k, c in enumerate(ref.ORTHO_CASES) if c[0] == "ortho-orthonormal"]
@@ -135,6 +145,10 @@ def _rank_message(shape, rank, rate, got, want, given):
         why = (f"as a matrix ({n}, {m}); r' = min(n, m, rank) = {r}; compressed: "
                f"(n + m) * r' * rate = {(n + m) * r * rate:g}, uncompressed: n * m = {n * m}; "
                f"compress only if the first is smaller")
+        if 0 in shape:
+            why += (". The docstring: A shape with a zero dimension (no elements) gives 0, "
+                    "whatever the rate (r' = 0: nothing to compress); shape[0] may be 0, so "
+                    "never divide by it")
     return f"{call} {did}, expected {want}: {why} {RANK_DOC}"
 
 
@@ -142,18 +156,24 @@ def _rank_message(shape, rank, rate, got, want, given):
 def check_compression_rank(path, timeout=TIMEOUT):
     """Check ``compression_rank(shape, rank, min_compression_rate)`` on every case of
     :func:`.reference.rank_cases`, shapes as ``torch.Size`` (each case its own check case, in
-    order), then as plain tuples (``rank-tuple``), then the type of every result (an int)."""
+    order), then as plain tuples (``rank-tuple``), then shapes with a zero dimension in both
+    forms (``rank-empty``), then the type of every result (an int)."""
     results = _local_stage(path, "compression_rank", timeout)
     cases = ref.rank_cases()
     for i, (case, shape, rank, rate) in enumerate(cases):
         want, got = expected.compression_rank(shape, rank, rate), results[i]
-        if isinstance(got, dict) or got[1] != want:
+        if case != "rank-empty" and (isinstance(got, dict) or got[1] != want):
             fail(case, _rank_message(shape, rank, rate, got, want, f"torch.Size({list(shape)})"))
-    for i, (_, shape, rank, rate) in enumerate(cases):
+    for i, (case, shape, rank, rate) in enumerate(cases):
         want, got = expected.compression_rank(shape, rank, rate), results[len(cases) + i]
-        if isinstance(got, dict) or got[1] != want:
+        if case != "rank-empty" and (isinstance(got, dict) or got[1] != want):
             fail("rank-tuple", _rank_message(shape, rank, rate, got, want, f"{shape!r}") +
                  ". shape may be a plain tuple as well as a torch.Size (the docstring's Args)")
+    for i, (case, shape, rank, rate) in enumerate(cases + cases):
+        want, got = expected.compression_rank(shape, rank, rate), results[i]
+        if case == "rank-empty" and (isinstance(got, dict) or got[1] != want):
+            given = f"torch.Size({list(shape)})" if i < len(cases) else f"{shape!r}"
+            fail(case, _rank_message(shape, rank, rate, got, want, given))
     for (_, shape, rank, rate), got in zip(cases + cases, results):
         if not _is_int(got[0]):
             fail("rank-int", f"compression_rank({shape}, rank={rank}, min_compression_rate="

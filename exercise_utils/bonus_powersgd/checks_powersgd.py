@@ -5,9 +5,10 @@ finds it).
 step, for 4 steps in each of :data:`.reference.SETTINGS` (ranks 2 and 1 with warm start; the
 baseline, whose failures are charged to the clause they break; then one dimension changed at a
 time: warm_start False, min_compression_rate 2, full rank (on tall matrices), float64
-gradients, EdgeNet's parameters; last the baseline on one wide 256 x 1024 layer), on 1, 2 and
-3 ranks, and checks
-after every step, in this order:
+gradients, EdgeNet's parameters, parameters whose gradient is None in some steps only
+(``psgd-varying``: a skipped parameter keeps its error and Q), gradients with a zero dimension
+(``psgd-empty``; these two on 1 rank only: :data:`.reference.ONE_RANK`); last the baseline on
+one wide 256 x 1024 layer), on 1, 2 and 3 ranks, and checks after every step, in this order:
 
 * parameters whose grad is None (an unused layer) are left alone;
 * the collectives, COUNTED by wrapping ``torch.distributed``: only ``all_reduce``; (n + m) * r'
@@ -24,7 +25,8 @@ after every step, in this order:
   all_reduces put there (:func:`wire_envelope`), else ``psgd-wire``; whole gradients sent
   beside the factors (by any path) show;
 * the state: ``params`` the list of trainable parameters; ``errors[i]`` this rank's M - approx
-  (n, m) and ``qs[i]`` the averaged Q (m, r') (column signs free), in the gradients' dtype.
+  (n, m) and ``qs[i]`` the averaged Q (m, r') (column signs free), in the gradients' dtype; a
+  tensor without a gradient in the step keeps those of its last step.
 
 Used in 08_bonus_powersgd.
 """
@@ -67,9 +69,10 @@ WIRE_OVERHEAD = 0.05     # headers in proportion to the data
 
 @check
 def check_powersgd(path, timeout=TIMEOUT):
-    """Check ``PowerSGD`` on 1, 2 and 3 ranks in every setting (see the module docstring)."""
+    """Check ``PowerSGD`` on 1, 2 and 3 ranks in every setting of each world (see the module
+    docstring)."""
     for size, res in _results(path, "powersgd", timeout):
-        for name in ref.SETTINGS:
+        for name in ref.settings(size):
             Setting(name, size, [r[name] for r in res], world_salts(path, size)).check()
     _check_wire(LINKS.get(wire_key(path)))
 
@@ -80,13 +83,14 @@ def wire_envelope():
     (a ring all_reduce of B bytes over n ranks sends 2 (n - 1) B in all), plus headers and the
     groups' set-up. The world of 1 rank sends nothing."""
     data = messages = 0
-    for name, setting in ref.SETTINGS.items():
-        plain, comp = expected.expected_elements(name)
-        calls = (1 if plain else 0) + 2 * len(comp)
-        nbytes = ESIZE[setting.dtype] * (plain + sum(comp))
-        for n in (2, 3):
-            data += ref.STEPS * 2 * (n - 1) * nbytes
-            messages += ref.STEPS * calls * n * 2 * (n - 1)
+    for n in (2, 3):
+        for name in ref.settings(n):
+            for step in range(ref.STEPS):
+                plain, comp = expected.expected_elements(name, step)
+                calls = (1 if plain else 0) + 2 * len(comp)
+                nbytes = ESIZE[ref.SETTINGS[name].dtype] * (plain + sum(comp))
+                data += 2 * (n - 1) * nbytes
+                messages += calls * n * 2 * (n - 1)
     return (int(data * (1 - WIRE_OVERHEAD)),
             int(data * (1 + WIRE_OVERHEAD) + messages * MESSAGE_SLACK + WIRE_SETUP))
 
@@ -103,7 +107,7 @@ def _check_wire(links):
     plain, comp = expected.expected_elements("wide")
     fail("psgd-wire",
          f"the network counted {sent:,} bytes on the links between the 3 ranks, over the "
-         f"check's {len(ref.SETTINGS)} settings of {ref.STEPS} steps each with 2 and with 3 "
+         f"check's {len(ref.settings(2))} settings of {ref.STEPS} steps each with 2 and with 3 "
          f"ranks; the all_reduces PowerSGD makes put {least:,} to {most:,} bytes there (e.g. "
          f"at rank={wide.rank} on a 256 x 1024 gradient: (n + m) * r = {sum(comp)} elements for the "
          f"P and Q, {plain} for the bias, not 262,144 for the whole matrix). The calls your "
@@ -144,7 +148,7 @@ class Setting:
                 got = run["steps"][step]
                 where = f"rank {rank}, step {step + 1} of {self.label}"
                 self._skip_none(where, got)
-                self._calls(where, got["calls"])
+                self._calls(where, got["calls"], step)
                 self._bytes(where, got, [s["calls"] for s in run["steps"][:step + 1]])
             self._same(step)
             for rank, run in enumerate(self.runs):
@@ -160,8 +164,8 @@ class Setting:
                  f"after reduce(). Replace every p.grad that is not None; leave parameters "
                  f"without a gradient alone (no zeros: an optimizer would decay or move them)")
 
-    def _calls(self, where, calls):
-        plain, comp = expected.expected_elements(self.name)
+    def _calls(self, where, calls, step):
+        plain, comp = expected.expected_elements(self.name, step)
         want = plain + sum(comp)
         other = [c[0] for c in calls if c[0] != "all_reduce"]
         if other:
@@ -171,7 +175,7 @@ class Setting:
         if elements != want:
             fail(self.case("psgd-elements"),
                  f"{where}: all_reduced {elements} elements in {[c[1] for c in calls]}, "
-                 f"expected {want}: " + self._elements_hint(elements, plain, comp))
+                 f"expected {want}: " + self._elements_hint(elements, plain, comp, step))
         if sum(c[2] for c in calls) != self.esize * want:
             dtypes = sorted({c[3] for c in calls})
             fail(self.case("psgd-dtype"),
@@ -189,9 +193,9 @@ class Setting:
                  f"in ONE buffer, then the P's, then the Q's (one call per compressed tensor "
                  f"at most)")
 
-    def _elements_hint(self, elements, plain, comp):
-        one_d = expected.expected_elements(self.name, one_d_compressed=True)
-        no_rule = expected.expected_elements(self.name, no_saving_rule=True)
+    def _elements_hint(self, elements, plain, comp, step):
+        one_d = expected.expected_elements(self.name, step, one_d_compressed=True)
+        no_rule = expected.expected_elements(self.name, step, no_saving_rule=True)
         if elements == one_d[0] + sum(one_d[1]):
             return ("you compressed 1-D tensors (biases): they must be sent uncompressed, "
                     "whatever min_compression_rate (compression_rank returns 0 for them)")
@@ -199,9 +203,13 @@ class Setting:
             return ("you compressed matrices that do not shrink: send a matrix uncompressed "
                     "when (n + m) * r' * min_compression_rate >= n * m (compression_rank with "
                     "self.min_compression_rate returns 0)")
+        varying = (" of the parameters that have a gradient in this step (which changes from "
+                   "step to step here: look at p.grad in every call)"
+                   if self.s.case == "psgd-varying" else "")
         return (f"(n + m) * r' per compressed tensor {comp} (r' = compression_rank(grad.shape, "
                 f"self.rank, self.min_compression_rate)) plus {plain} uncompressed elements "
-                f"(1-D tensors and matrices that would not shrink), each sent once per step")
+                f"(1-D tensors and matrices that would not shrink), each sent once per step"
+                + varying)
 
     def _bytes(self, where, got, calls_so_far):
         nbytes = sum(c[2] for c in calls_so_far[-1])
@@ -301,16 +309,28 @@ class Setting:
                 fail(case, f"{where}: self.{table} is a {got[table]['type']}; expected a dict "
                            f"{{index: tensor}}")
         for i, (pname, n, m, r) in want["compressed"].items():
+            skipped = i in want["skipped"]
             self._entry(case, where, got["errors"], "errors", i, pname, (n, m),
                         want["errors"][i][rank], want["scale"][i], "M - approx (this rank's M "
                         "= gradient + previous error, minus the approximation every rank "
-                        "applied)", signs=False)
+                        "applied)", signs=False, skipped=skipped)
             self._entry(case, where, got["qs"], "qs", i, pname, (m, r), want["qs"][i],
                         max(1e-3, float(np.abs(want["qs"][i]).max())),
-                        "the all-reduced Q divided by the world size", signs=True)
+                        "the all-reduced Q divided by the world size", signs=True,
+                        skipped=skipped)
 
-    def _entry(self, case, where, table, attr, i, pname, shape, want, scale, what, signs):
+    def _entry(self, case, where, table, attr, i, pname, shape, want, scale, what, signs,
+               skipped=False):
         entry = table.get(i)
+        if skipped and (entry is None or "value" not in entry or not self._near(
+                entry, want, scale, signs)):
+            fail(case, f"{where}: {pname} had no gradient in this step, and self.{attr}[{i}] "
+                       f"is no longer the one it had after its last step ("
+                       f"{'gone' if entry is None else 'changed'}). The docstring: Which "
+                       f"parameters have a gradient may change from one call to the next: a "
+                       f"parameter skipped in a call keeps its self.errors[i] and self.qs[i] "
+                       f"for the next call in which it has a gradient (as torch's PowerSGD "
+                       f"keeps them): leave them alone while p.grad is None")
         if entry is None or "value" not in entry:
             fail(case, f"{where}: self.{attr}[{i}] ({pname}, compressed) is "
                        f"{entry and entry.get('type')}; keys are {sorted(table, key=str)}: "
@@ -321,10 +341,23 @@ class Setting:
             fail(case, f"{where}: self.{attr}[{i}] ({pname}) has shape {value.shape} and dtype "
                        f"{entry['dtype']}; expected {shape}, the {dims} matrix in the "
                        f"gradients' dtype ({self.s.dtype})")
-        diff = np.abs(value - want)
-        if signs:                           # a column of Q may flip with the column of P
-            diff = np.minimum(diff, np.abs(value + want))
-        if diff.size and not float(diff.max()) <= self.tol * scale:
+        if not self._near(entry, want, scale, signs):
+            diff = self._diff(entry["value"], want, signs)
             fail(case, f"{where}: self.{attr}[{i}] ({pname}) differs by {float(diff.max()):.1e} "
                        f"from {what}: set self.errors[i] = M - approx and self.qs[i] = Q "
                        f"after the all_reduces")
+
+    def _diff(self, value, want, signs):
+        diff = np.abs(value - want)
+        if signs:                           # a column of Q may flip with the column of P
+            diff = np.minimum(diff, np.abs(value + want))
+        return diff
+
+    def _near(self, entry, want, scale, signs):
+        """Whether a table's entry (``{"dtype", "value"}``) holds ``want`` (within the tolerance
+        of the setting, relative to ``scale``)."""
+        value = entry.get("value")
+        if value is None or value.shape != want.shape:
+            return False
+        diff = self._diff(value, want, signs)
+        return not diff.size or float(diff.max()) <= self.tol * scale

@@ -13,6 +13,7 @@ Used in 08_bonus_powersgd (:mod:`.checks`, :mod:`.checks_powersgd`).
 import numpy as np
 import torch
 
+from . import reference
 from .reference import SEED, SETTINGS, STEPS, gradient, trainable
 
 
@@ -25,11 +26,12 @@ def compression_rank(shape, rank, min_compression_rate=1.0):
     return r if (n + m) * r * min_compression_rate < n * m else 0
 
 
-def expected_elements(name, one_d_compressed=False, no_saving_rule=False):
-    """Elements all-reduced per step: (uncompressed, [(n + m) * r' per compressed])."""
+def expected_elements(name, step=0, one_d_compressed=False, no_saving_rule=False):
+    """Elements all-reduced in ``step``: (uncompressed, [(n + m) * r' per compressed]), of the
+    parameters that have a gradient in it."""
     s, plain, comp = SETTINGS[name], 0, []
     for _, _, shape, kind in trainable(s.model):
-        if kind == "none":
+        if not reference.has_grad(kind, step):
             continue
         r = compression_rank(shape, s.rank, s.rate)
         n, m = (shape[0], int(np.prod(shape[1:]))) if shape else (1, 1)
@@ -66,16 +68,18 @@ def simulate(name, size, flaw=None, salts=None):
     Returns:
         list over steps of ``{"grads": {name: averaged gradient}, "errors": {i: [M - approx
         per rank]}, "qs": {i: Q}, "scale": {i: max |M| over ranks}, "compressed": {i: (name,
-        n, m, r')}}`` (numpy arrays; i the index in ``self.params``).
+        n, m, r')}, "skipped": [i]}`` (numpy arrays; i the index in ``self.params``): the
+        state of every tensor compressed so far, a tensor without a gradient in this step
+        (listed in ``skipped``) keeping its own from an earlier step.
     """
     s = SETTINGS[name]
     gen = torch.Generator().manual_seed(SEED)
-    errors, qs, out = {}, {}, []
+    errors, qs, out, kept = {}, {}, [], {"errors": {}, "qs": {}, "scale": {}, "compressed": {}}
     warm = False if flaw == "no_warm_start" else True if flaw == "always_warm" else s.warm
     for step in range(STEPS):
         res = {"grads": {}, "errors": {}, "qs": {}, "scale": {}, "compressed": {}}
         for i, (k, pname, shape, kind) in enumerate(trainable(s.model)):
-            if kind == "none":
+            if not reference.has_grad(kind, step):
                 continue
             grads = [gradient(s, k, step, w, salts[w] if salts else 0).double().numpy()
                      for w in range(size)]
@@ -97,5 +101,9 @@ def simulate(name, size, flaw=None, salts=None):
             res["qs"][i] = q
             res["scale"][i] = max(float(np.abs(m).max()) for m in ms)
             res["compressed"][i] = (pname, *ms[0].shape, r)
+        res["skipped"] = sorted(set(kept["compressed"]) - set(res["compressed"]))
+        for table in kept:
+            kept[table].update(res[table])
+            res[table] = dict(sorted(kept[table].items()))
         out.append(res)
     return out

@@ -9,7 +9,8 @@ builds the student's ``PowerSGD``
 over the setting's parameters (given as a generator, as ``model.parameters()`` is), hands it
 fixed gradients, different on every rank and at every step, for ``STEPS`` steps, and records
 every ``torch.distributed`` collective the student's code makes (name, elements, bytes, dtype),
-the gradients it leaves (and those it must leave None), ``bytes_sent``, ``total_bytes``,
+the gradients it leaves (and those it must leave None: which parameters have a gradient may
+change from step to step, :func:`.reference.has_grad`), ``bytes_sent``, ``total_bytes``,
 ``params``, ``errors`` and ``qs``. Everything goes back as plain data.
 
 Used in 08_bonus_powersgd (by the checks).
@@ -26,8 +27,8 @@ import torch.distributed as dist
 
 from ..rankworker import not_implemented
 from ..recorder import StandsFor
-from .reference import (CONV, GRADIENTS, ORTHO_CASES, SEED, SETTINGS, STEPS,
-                        edge_model, gradient, layout, ortho_input, rank_cases)
+from .reference import (CONV, ORTHO_CASES, SEED, SETTINGS, STEPS, edge_model, gradient,
+                        has_grad, layout, ortho_input, rank_cases, settings)
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce",
                "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "send", "recv",
@@ -265,7 +266,8 @@ def _probe_powersgd(student, ctx):
     error propagates (the other ranks wait in a collective)."""
     out, rank, size = {}, dist.get_rank(), dist.get_world_size()
     with Recorder(student) as rec:
-        for name, setting in SETTINGS.items():
+        for name in settings(size):
+            setting = SETTINGS[name]
             ctx.case(setting.case)
             try:
                 out[name] = _run_setting(student, rank, rec, setting, ctx.salt)
@@ -292,10 +294,10 @@ def _run_setting(student, rank, rec, setting, salt=0):
     steps = []
     for step in range(STEPS):
         for k, (_, p, kind) in enumerate(named):
-            p.grad = gradient(setting, k, step, rank, salt) if kind in GRADIENTS else None
+            p.grad = gradient(setting, k, step, rank, salt) if has_grad(kind, step) else None
         rec.take()
-        _reduce(compressor, named)
-        steps.append(_snapshot(compressor, named, rec.take()))
+        _reduce(compressor, named, step)
+        steps.append(_snapshot(compressor, named, rec.take(), step))
     return {"params_type": _kind(params),
             "params": [ids.get(id(p), "?") for p in params]
             if isinstance(params, (list, tuple)) else None,
@@ -309,11 +311,12 @@ def _frames(exc, student):
     return "".join(traceback.format_list(mine or frames[-3:])) + f"{type(exc).__name__}: {exc}"
 
 
-def _snapshot(compressor, named, calls):
+def _snapshot(compressor, named, calls, step):
     return {"calls": calls,
             "grads": {n: (_dtype(p.grad), p.grad.detach().to(torch.float64).numpy().copy())
-                      for n, p, kind in named if kind in GRADIENTS},
-            "not_none": [n for n, p, kind in named if kind == "none" and p.grad is not None],
+                      for n, p, kind in named if has_grad(kind, step)},
+            "not_none": [n for n, p, kind in named if kind != "frozen" and
+                         not has_grad(kind, step) and p.grad is not None],
             "bytes_sent": _number(getattr(compressor, "bytes_sent", None)),
             "total_bytes": _number(getattr(compressor, "total_bytes", None)),
             "errors": _table(getattr(compressor, "errors", None)),
@@ -342,14 +345,30 @@ def _table(table):
     return out
 
 
-def _reduce(compressor, named):
-    """``compressor.reduce()``; a crash on a parameter without a gradient says so."""
+def _reduce(compressor, named, step):
+    """``compressor.reduce()``; a crash on a parameter without a gradient, or on one with a
+    zero dimension, says so."""
     try:
         compressor.reduce()
     except (AttributeError, TypeError) as exc:
         if "NoneType" not in str(exc):
             raise
-        none = [n for n, _, kind in named if kind == "none"]
-        raise type(exc)(f"{exc}. (If it comes from a gradient: some parameters "
-                        f"({', '.join(none)}: an unused layer) have p.grad None, and reduce() "
-                        f"must skip such parameters.)") from exc
+        none = [n for n, _, kind in named if kind != "frozen" and not has_grad(kind, step)]
+        changes = any(kind not in ("none", "frozen") and not has_grad(kind, step)
+                      for _, _, kind in named)
+        why = (" Which parameters have a gradient changes from one call to the next here (the "
+               "docstring): look at p.grad in every call; a parameter skipped in a call keeps "
+               "its errors[i] and qs[i]." if changes else "")
+        raise type(exc)(f"{exc}. (If it comes from a gradient: in step {step + 1} some "
+                        f"parameters ({', '.join(none)}{'' if changes else ': an unused layer'}"
+                        f") have p.grad None, and reduce() must skip such parameters.{why})"
+                        ) from exc
+    except (RuntimeError, ZeroDivisionError) as exc:
+        empty = [n for n, p, _ in named if p.grad is not None and p.grad.numel() == 0]
+        if not empty:
+            raise
+        raise type(exc)(f"{exc}. (If it comes from a gradient with a zero dimension "
+                        f"({', '.join(f'{n} {tuple(p.shape)}' for n, p, _ in named if n in empty)}"
+                        f"): compression_rank gives it 0, so it is sent uncompressed and adds no "
+                        f"element to the flat buffer (the docstring); reshape(n, -1) cannot "
+                        f"infer -1 for a tensor without elements.)") from exc

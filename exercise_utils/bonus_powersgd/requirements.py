@@ -28,7 +28,8 @@ CONTRACT = {
                "decomposition; ``torch.linalg.qr(P).Q`` is also accepted).",
                cases=("ortho-gram-schmidt",)),
         Clause("eps", "eps: added to each column's norm before dividing by it (a zero column "
-               "stays zero instead of becoming NaN).", cases=("ortho-zero-column",)),
+               "stays zero instead of becoming NaN).",
+               cases=("ortho-zero-column", "ortho-eps-norm")),
     ],
     "compression_rank": [
         Clause("shape-arg", "shape: the gradient's shape (a tuple or ``torch.Size``).",
@@ -46,6 +47,8 @@ CONTRACT = {
                "saves enough), else 0.", cases=("rank-matrix", "rank-tie", "rank-rate")),
         Clause("never-1d", "A tensor is compressed only when it shrinks: `(n + m) r < n m`; 1-D "
                "tensors never are.", cases=("rank-1d", "rank-tie")),
+        Clause("empty", "A shape with a zero dimension (no elements) gives 0, whatever the rate "
+               "(r' = 0: nothing to compress).", cases=("rank-empty",)),
     ],
     "powersgd": [
         Clause("params-arg", "params: the parameters (an iterable); those with "
@@ -95,6 +98,13 @@ CONTRACT = {
                "everywhere (M, P, Q, ``self.errors``, ``self.qs``, the flat buffer; ``new_q`` "
                "draws float32, so cast its Q to M's dtype), so that float64 gradients are sent "
                "with 8 bytes an element.", cases=("psgd-dtype", "psgd-float64")),
+        Clause("varying", "Which parameters have a gradient may change from one call to the "
+               "next: a parameter skipped in a call keeps its ``self.errors[i]`` and "
+               "``self.qs[i]`` for the next call in which it has a gradient.",
+               cases=("psgd-varying",)),
+        Clause("empty", "A gradient with a zero dimension, e.g. of shape (0, k), is sent "
+               "uncompressed (r' = 0): it adds no element to the flat buffer.",
+               cases=("psgd-empty",)),
         Clause("one-rank", "This works with any number of ranks, one included: each compressed "
                "gradient then becomes its own approximation P Q^T.",
                cases=("psgd-elements", "psgd-values")),

@@ -1,6 +1,6 @@
 """RIGHT (notebook 08, compression_rank): the matrix view from torch.Size: m = shape.numel() // n
-(a tuple is turned into a torch.Size first); len(shape) <= 1 as the test for scalars and
-biases; the saving test as an early return of 0.
+(a tuple is turned into a torch.Size first; shape[1:].numel() when n is 0); len(shape) <= 1 as
+the test for scalars and biases; the saving test as an early return of 0.
 
 Based on the solution with this one change; the checker must accept it.
 """
@@ -53,7 +53,7 @@ def compression_rank(shape, rank, min_compression_rate=1.0):
     if len(shape) <= 1:                     # scalars and biases: always uncompressed
         return 0
     n = shape[0]
-    m = shape.numel() // n
+    m = shape.numel() // n if n else shape[1:].numel()   # n = 0: no elements
     r = min(n, m, rank)
     if (n + m) * r * min_compression_rate >= n * m:
         return 0                            # compressing would not save enough

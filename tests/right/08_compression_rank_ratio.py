@@ -1,6 +1,7 @@
 """RIGHT (notebook 08, compression_rank): the saving test written as the compression ratio the
 docstring names: compress only if n * m / ((n + m) * r') > min_compression_rate ("divides the
-numbers sent by more than this"); the product of the other dimensions with math.prod.
+numbers sent by more than this"), r' = 0 (a zero dimension) answered first; the product of the
+other dimensions with math.prod.
 
 Based on the solution with this one change; the checker must accept it.
 """
@@ -55,6 +56,8 @@ def compression_rank(shape, rank, min_compression_rate=1.0):
         return 0
     n, m = shape[0], math.prod(shape[1:])
     r = min(n, m, rank)
+    if r == 0:                              # a zero dimension: nothing to compress
+        return 0
     ratio = n * m / ((n + m) * r)           # how many times fewer numbers are sent
     return r if ratio > min_compression_rate else 0
 

@@ -85,6 +85,13 @@ FLAWS = [
              "NaN, and the NaN spreads to the later columns and into the model.",
          expect="returned NaN or inf",
          patch=((NORM, "        col /= torch.linalg.vector_norm(col)\n"),)),
+    Flaw("orthogonalize", "eps_under_sqrt", clause="eps", case="ortho-eps-norm",
+         why="guards the division with eps under the square root, column / sqrt(sum of squares "
+             "+ eps), as in RMSNorm: a zero column still stays zero and columns of norm about 1 "
+             "come out unit length, but a column of norm 1e-4 (sum of squares near eps) comes "
+             "out well short of it.",
+         expect="under the square root",
+         patch=((NORM, "        col /= torch.sqrt((col * col).sum() + eps)\n"),)),
     Flaw("orthogonalize", "svd", clause="gram-schmidt", case="ortho-gram-schmidt",
          why="returns the left singular vectors of P (torch.linalg.svd): orthonormal columns "
              "spanning the same space, but column j mixes all of P's columns instead of being "
@@ -171,6 +178,16 @@ FLAWS = [
          patch=(rank_def("""
                  n = shape[0]
                  m = shape.numel() // n
+                 r = min(n, m, rank)
+                 return r if (n + m) * r * min_compression_rate < n * m else 0
+             """),)),
+    Flaw("compression_rank", "numel_over_rows", clause="empty", case="rank-empty",
+         why="gets m, the product of the other dimensions, as numel // n: right for every "
+             "tensor with elements, a ZeroDivisionError for a shape (0, k).",
+         expect="raised ZeroDivisionError",
+         patch=(rank_def("""
+                 n = int(shape[0])
+                 m = torch.Size(shape).numel() // n     # the product of the other dimensions
                  r = min(n, m, rank)
                  return r if (n + m) * r * min_compression_rate < n * m else 0
              """),)),
@@ -271,6 +288,40 @@ FLAWS = [
              "(a layer the forward pass did not use) crashes it with AttributeError.",
          expect="p.grad None",
          patch=((SKIP_NONE, ""),)),
+    Flaw("powersgd", "plan_found_once", clause="varying", case="psgd-varying",
+         why="decides at the first reduce() which tensors have a gradient and how each is sent, "
+             "and keeps that plan (\"the model does not change\"): a parameter without a "
+             "gradient in the first step is never averaged, one that loses its gradient later "
+             "crashes it.",
+         expect="Which parameters have a gradient changes from one call to the next",
+         patch=(("        plain, compressed = [], []\n        for i, p in enumerate(self.params):\n"
+                 + SKIP_NONE + PICK + "            (compressed if r else plain).append((i, p, r))\n",
+                 "        if not hasattr(self, \"plan\"):       # the same tensors every step: once\n"
+                 "            self.plan = ([], [])\n"
+                 "            for i, p in enumerate(self.params):\n"
+                 "                if p.grad is None:\n"
+                 "                    continue\n"
+                 "                r = compression_rank(p.grad.shape, self.rank, "
+                 "self.min_compression_rate)\n"
+                 "                (self.plan[1] if r else self.plan[0]).append((i, p, r))\n"
+                 "        plain, compressed = self.plan\n"),)),
+    Flaw("powersgd", "state_dropped", clause="varying", case="psgd-varying",
+         why="drops the error of a parameter that has no gradient in this step (\"a stale "
+             "error would be added to a gradient many steps later\"): when it has one again, "
+             "what its earlier approximations missed is lost.",
+         expect="keeps its self.errors[i] and self.qs[i]",
+         patch=((SKIP_NONE, "            if p.grad is None:\n"
+                            "                self.errors.pop(i, None)        # no stale error later\n"
+                            "                continue\n"),)),
+    Flaw("powersgd", "matrix_view_first", clause="empty", case="psgd-empty",
+         why="views every gradient of 2 or more dimensions as the (n, m) matrix with "
+             "reshape(n, -1) before asking compression_rank about it: the same answer for "
+             "every tensor with elements, a RuntimeError for a (0, k) gradient.",
+         expect="adds no element to the flat buffer",
+         patch=((PICK, "            mat = p.grad.reshape(p.grad.shape[0], -1) if p.grad.dim() > 1 "
+                       "else p.grad\n"
+                       "            r = compression_rank(mat.shape, self.rank, "
+                       "self.min_compression_rate)\n"),)),
     Flaw("powersgd", "bytes_in_elements", clause="bytes-sent", case="psgd-bytes",
          why="counts elements, not bytes, in bytes_sent (numel() without element_size()).",
          expect="bytes_sent is",
