@@ -28,7 +28,7 @@ from . import probes, wire
 from .checks_convergence import check_convergence, reference_converged  # noqa: F401
 from .inputs import SGD_STEPS, average_model, bcast_model, hidden_of, scatter_data, sgd_batches
 from .probes import (AVERAGE_CASES, BROADCAST_CASES, NO_GRAD, SCATTER_CASES, SGD_CASES,
-                     bounds_cases, params_arrays, sgd_model, sgd_run, trained_numel)
+                     bounds_cases, params_arrays, sgd_model, sgd_run)
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 TIGHT = {"float32": (1e-5, 1e-4), "float64": (1e-12, 1e-10)}   # atol, rtol per dtype: float64
@@ -165,8 +165,9 @@ def check_broadcast(path, timeout=TIMEOUT):
 @check
 def check_allreduce_sgd(path, timeout=TIMEOUT):
     """Check ``average_gradients``: equals single-process SGD on the whole batch (float32 and
-    float64; frozen, unused, tied, transposed and 0-d parameters), one Allreduce a step. Each
-    rank's batches are salted (the reference and the likely causes train on the salts')."""
+    float64; frozen, unused, tied, transposed and 0-d parameters; parameters frozen and
+    unfrozen from step to step, ``sgd-varying``), one Allreduce a step. Each rank's batches are
+    salted (the reference and the likely causes train on the salts')."""
     for size in (2, 3):
         salts, links = {}, {}  # (at grading each rank's rows derive from a number only it knows)
         cases = SGD_CASES + tuple(wire.cases("sgd"))
@@ -175,36 +176,39 @@ def check_allreduce_sgd(path, timeout=TIMEOUT):
         for i, (case, dtype) in enumerate(cases):
             x, y = sgd_batches(size, dtype, salts)
             wide = hidden_of(case)
-            expected = sgd_run(sgd_model(dtype, wide), x, y)
-            numel = trained_numel(sgd_model(dtype, wide))
-            for rank, (state, calls, elements, none, hidden) in enumerate(r[i] for r in res):
+            expected = sgd_run(sgd_model(dtype, wide), x, y, vary=probes.vary_of(case))
+            numels = probes.step_numels(sgd_model(dtype, wide), case)
+            for rank, (state, calls, elements, nones, hidden, sent) in enumerate(
+                    r[i] for r in res):
                 if hidden:
                     fail("sgd-one-allreduce",
                          f"{VIOLATION}: rank {rank} communicated through MPI.COMM_WORLD itself "
                          f"({hidden}) instead of the `comm` average_gradients was given, where "
                          f"the check counts the calls. Use the comm argument.")
-                if none != NO_GRAD:
+                if nones[0] != NO_GRAD and not probes.vary_of(case):
                     fail("sgd-no-grad",
                          f"rank {rank}: after average_gradients the parameters without a "
-                         f"gradient were {none}, expected {NO_GRAD} (frozen and unused "
+                         f"gradient were {nones[0]}, expected {NO_GRAD} (frozen and unused "
                          f"parameters have p.grad None: skip them, do not give them one)")
-                _check_one_allreduce(rank, calls, elements, numel)
+                if probes.vary_of(case):
+                    _check_varying(rank, size, nones, sent, numels, probes.step_no_grad(case))
+                _check_one_allreduce(rank, calls, elements, numels)
                 atol, rtol = TIGHT[dtype]
                 assert_close(state, expected, f"{dtype} parameters after {SGD_STEPS} SGD steps "
                              f"with {size} ranks must equal single-process SGD on the "
                              f"concatenated batch: average (sum / size) the gradients of every "
                              f"rank, in the gradients' own dtype", rank, atol, rtol, case=case,
                              start=state_arrays(sgd_model(dtype, wide)), size=size,
-                             mistakes=_mistakes(dtype, size, salts, wide))
+                             mistakes=_mistakes(dtype, size, salts, wide, case))
         wire.check("sgd", links, size, f"average_gradients with {size} ranks",
                    wire.sgd_envelope(size, cases))
 
 
-def _mistakes(dtype, size, salts, hidden):
+def _mistakes(dtype, size, salts, hidden, case=None):
     """The likely causes replayed on a mismatch: SGD on summed and on twice-divided gradients
-    (on the batches of ``salts``, the model ``hidden`` wide)."""
-    return {summed(size): lambda: _scaled_sgd(dtype, size, size, salts, hidden),
-            halved(size): lambda: _scaled_sgd(dtype, size, 1 / size, salts, hidden)}
+    (on the batches of ``salts``, the model ``hidden`` wide, as ``case`` varies it)."""
+    return {summed(size): lambda: _scaled_sgd(dtype, size, size, salts, hidden, case),
+            halved(size): lambda: _scaled_sgd(dtype, size, 1 / size, salts, hidden, case)}
 
 
 def summed(size):
@@ -219,7 +223,7 @@ def halved(size):
             f"the world size twice (before and after the Allreduce?). Divide the sum once.")
 
 
-def _scaled_sgd(dtype, size, factor, salts=None, hidden=8):
+def _scaled_sgd(dtype, size, factor, salts=None, hidden=8, case=None):
     """Single-process SGD with the gradient multiplied by ``factor`` (``size``: a sum of
     averages; ``1 / size``: an average divided again), on the batches of ``salts``."""
     model = sgd_model(dtype, hidden)
@@ -229,18 +233,41 @@ def _scaled_sgd(dtype, size, factor, salts=None, hidden=8):
         for p in model.parameters():
             if p.grad is not None:
                 p.grad.mul_(factor)
-    return sgd_run(model, x, y, scale)
+    return sgd_run(model, x, y, scale, probes.vary_of(case))
 
 
-def _check_one_allreduce(rank, calls, elements, numel):
+VARYING = ("Which parameters have a gradient may change from one step to the next (a layer "
+           "frozen or unfrozen, a branch the forward skips): look at `p.grad` at every call.")
+
+
+def _check_varying(rank, size, nones, sent, numels, want):
+    """``sgd-varying``: per call, the parameters left without a gradient and the elements the
+    Allreduce carried are those of that step (:data:`.probes.VARY_FROZEN`)."""
+    for step, (none, got, numel, expected) in enumerate(zip(nones, sent, numels, want)):
+        where = (f"rank {rank}, {size} ranks, step {step + 1} of a run in which other "
+                 f"parameters are frozen in every step (without a gradient in this step: "
+                 f"{expected})")
+        if sorted(none) != expected:
+            fail("sgd-varying", f"{where}: after average_gradients the parameters without a "
+                                f"gradient were {sorted(none)}. The notebook: {VARYING} Leave "
+                                f"a .grad that is None as None; average every other one")
+        if got != numel:
+            fail("sgd-varying", f"{where}: the Allreduce carried {got} elements; the parameters "
+                                f"with a gradient in this step hold {numel}. The notebook: "
+                                f"{VARYING} A list of parameters (or a buffer laid out for "
+                                f"them) kept from an earlier call misses or invents some")
+
+
+def _check_one_allreduce(rank, calls, elements, numels):
     others = {k: v for k, v in calls.items() if k != "Allreduce"}
+    numel = numels[0]
     if calls.get("Allreduce", 0) != SGD_STEPS or others:
         per_step = {k: v / SGD_STEPS for k, v in calls.items()}
         fail("sgd-one-allreduce",
              f"rank {rank}: expected exactly one comm.Allreduce per step (on one flat buffer "
              f"holding all {numel} gradient elements) and no other communication; your code "
              f"made these calls per step: {per_step or 'none (use the comm argument)'}")
-    if elements["Allreduce"] != numel * SGD_STEPS:
+    if elements["Allreduce"] != sum(numels):
         fail("sgd-one-allreduce",
              f"rank {rank}: each Allreduce carried {elements['Allreduce'] // SGD_STEPS} elements; "
              f"the flat buffer must hold every gradient element ({numel}: the parameters whose "

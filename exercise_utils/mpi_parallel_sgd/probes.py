@@ -19,8 +19,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..harness import state_arrays
-from .inputs import (GLOBAL, HIDDEN, LOCAL_BATCH, average_model, bcast_model, edge_model,
-                     global_inputs, hidden_of, scatter_data, sgd_batches)
+from .inputs import (GLOBAL, HIDDEN, LOCAL_BATCH, SGD_STEPS, average_model, bcast_model,
+                     edge_model, global_inputs, hidden_of, scatter_data, sgd_batches)
 
 # torch (and the models, which import it) are imported by the probes that use them, not here:
 # a rank of the convergence check never needs torch, and importing it costs ~2 s of CPU per
@@ -209,8 +209,43 @@ def probe_broadcast(student, ctx, cases):
 
 # ---------------------------------------------------------------- gradient averaging
 LR, DECAY = 0.05, 0.01
-SGD_CASES = (("sgd-values", "float32"), ("sgd-float64", "float64"))
+SGD_CASES = (("sgd-values", "float32"), ("sgd-float64", "float64"), ("sgd-varying", "float32"))
 NO_GRAD = ["frozen", "unused.weight", "unused.bias"]   # EdgeNet's parameters without gradient
+# sgd-varying: which parameters have a gradient changes from step to step. EdgeNet's parameters
+# frozen (requires_grad False) in each step: in step 1 three (scale and inp.bias too), in step 2
+# none (frozen, scale and inp.bias get a gradient: a list kept from the first call misses them),
+# in step 3 scale again (its gradient None once more), in step 4 frozen as built.
+VARY_FROZEN = ({"frozen", "scale", "inp.bias"}, set(), {"scale"}, {"frozen"})
+
+
+def vary_grads(model, step):
+    """Before step ``step`` (from 0) of ``sgd-varying``: freeze :data:`VARY_FROZEN`'s
+    parameters of this step, unfreeze the others."""
+    for name, p in model.named_parameters():
+        p.requires_grad_(name not in VARY_FROZEN[step])
+
+
+def vary_of(case):
+    """The :func:`vary_grads` of ``case``, or None (which parameters have a gradient is the
+    same every step)."""
+    return vary_grads if case == "sgd-varying" else None
+
+
+def step_no_grad(case):
+    """Per step, the names of the parameters without a gradient after backward in ``case``."""
+    if not vary_of(case):
+        return [NO_GRAD] * SGD_STEPS
+    return [sorted(VARY_FROZEN[step] | {"unused.weight", "unused.bias"}) for step in
+            range(SGD_STEPS)]
+
+
+def step_numels(model, case):
+    """Per step, the gradient elements of ``case`` on ``model`` (the parameters with a
+    gradient, a tied one once)."""
+    if not vary_of(case):
+        return [trained_numel(model)] * SGD_STEPS
+    return [sum(p.numel() for n, p in model.named_parameters() if n not in none)
+            for none in step_no_grad(case)]
 
 
 def sgd_model(dtype="float32", hidden=HIDDEN):
@@ -221,13 +256,16 @@ def sgd_model(dtype="float32", hidden=HIDDEN):
     return model.eval()
 
 
-def sgd_run(model, x, y, after_backward=None):
+def sgd_run(model, x, y, after_backward=None, vary=None):
     """SGD with momentum and weight decay (a gradient that should be None but is zero would
-    decay its parameter) over the batches; returns the final state."""
+    decay its parameter) over the batches, ``vary(model, step)`` before each step
+    (:func:`vary_grads`); returns the final state."""
     import torch
     import torch.nn.functional as F
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=DECAY)
-    for xb, yb in zip(x, y):
+    for step, (xb, yb) in enumerate(zip(x, y)):
+        if vary:
+            vary(model, step)
         opt.zero_grad()
         F.cross_entropy(model(xb), yb).backward()
         if after_backward:
@@ -263,24 +301,34 @@ def world_counted(student):
 
 def probe_sgd(student, ctx, cases=SGD_CASES):
     """For each of ``cases`` (``(case, dtype)``): the state after SGD, the calls and elements on
-    the given communicator, the parameters left without a gradient after the first call, and
-    the calls made through ``MPI.COMM_WORLD`` directly (outside the check's sight otherwise).
-    This rank's rows of the batches derive from its salt (the other ranks' rows in ``x`` are
-    not theirs)."""
+    the given communicator, per call the parameters left without a gradient and the elements
+    the call sent, and the calls made through ``MPI.COMM_WORLD`` directly (outside the check's
+    sight otherwise). This rank's rows of the batches derive from its salt (the other ranks'
+    rows in ``x`` are not theirs)."""
     out = []
     part = slice(ctx.rank * LOCAL_BATCH, (ctx.rank + 1) * LOCAL_BATCH)
     for case, dtype in cases:
         ctx.case(case)
-        model, comm, none = sgd_model(dtype, hidden_of(case)), CountingComm(ctx.comm), []
+        model, comm = sgd_model(dtype, hidden_of(case)), CountingComm(ctx.comm)
+        none, sent = [], []
         x, y = sgd_batches(ctx.size, dtype, {ctx.rank: ctx.salt})
 
         def average():
-            student.average_gradients(comm, model)
-            if not none:
-                none.append([n for n, p in model.named_parameters() if p.grad is None])
+            before = sum(comm.elements.values())
+            try:
+                student.average_gradients(comm, model)
+            except (AttributeError, TypeError) as exc:
+                if "NoneType" not in str(exc):
+                    raise
+                raise type(exc)(f"{exc}. (If it comes from a gradient: a parameter whose p.grad "
+                                f"is None must be left alone; which parameters have one may "
+                                f"change from one call to the next: look at p.grad in every "
+                                f"call.)") from exc
+            none.append([n for n, p in model.named_parameters() if p.grad is None])
+            sent.append(sum(comm.elements.values()) - before)
         with world_counted(student) as world:
-            state = sgd_run(model, x[:, part], y[:, part], average)
-        out.append((state, dict(comm.calls), dict(comm.elements), none[0], dict(world.calls)))
+            state = sgd_run(model, x[:, part], y[:, part], average, vary_of(case))
+        out.append((state, dict(comm.calls), dict(comm.elements), none, dict(world.calls), sent))
     return out
 
 

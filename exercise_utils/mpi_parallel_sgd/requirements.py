@@ -57,6 +57,9 @@ CONTRACT = {
                "Allreduce in total).", cases=("sgd-values", "sgd-one-allreduce", "sgd-wire")),
         Clause("no-grad", "frozen ones and layers the forward did not use have none: leave "
                "their `.grad` as `None`", cases=("sgd-no-grad",)),
+        Clause("varying", "Which parameters have a gradient may change from one step to the "
+               "next (a layer frozen or unfrozen, a branch the forward skips): look at `p.grad` "
+               "at every call.", cases=("sgd-varying",)),
         Clause("dtype", "Gradients are float32 or float64 (whatever the model's dtype): keep that "
                "dtype all the way, since a float32 buffer or `MPI.FLOAT` rounds float64 "
                "gradients.", cases=("sgd-float64",)),

@@ -40,8 +40,9 @@ import numpy as np
 from .. import wire
 from ..contract import fail
 from ..harness import observing, wire_outside
-from .inputs import SGD_STEPS, average_model, bcast_model, hidden_of
-from .probes import sgd_model, trained_numel
+from . import probes
+from .inputs import average_model, bcast_model, hidden_of
+from .probes import sgd_model
 
 CALL_SLACK = 2_000       # bytes per call and per peer beyond its data: MPICH's headers and
 #                          acknowledgements (measured 0.8 kB a call with 2 ranks, 1.7 with 3)
@@ -102,8 +103,8 @@ def broadcast_envelope(size, runs):
 def sgd_envelope(size, runs):
     """``(least, most)`` for the SGD runs ``runs`` (``(case, dtype)``): one Allreduce of the
     trained gradient per step."""
-    calls = [("all_reduce", trained_numel(sgd_model(dtype, hidden_of(case))) * ITEM[dtype])
-             for case, dtype in runs for _ in range(SGD_STEPS)]
+    calls = [("all_reduce", numel * ITEM[dtype]) for case, dtype in runs
+             for numel in probes.step_numels(sgd_model(dtype, hidden_of(case)), case)]
     return _bounds(calls, calls, len(calls) + 2 * len(runs), size)
 
 

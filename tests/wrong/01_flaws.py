@@ -337,6 +337,15 @@ FLAWS = [
                  "        if p.grad is None:\n"
                  "            p.grad = torch.zeros_like(p)\n"
                  "    params = list(model.parameters())\n"),)),
+    Flaw("allreduce_sgd", "params_found_once", clause="varying", case="sgd-varying",
+         why="finds the parameters that have a gradient at the first call and keeps that list "
+             "on the model (\"the model does not change\"): a parameter frozen in the first "
+             "step and unfrozen later is never averaged.",
+         expect="the parameters with a gradient in this step hold",
+         patch=(("    params = [p for p in model.parameters() if p.grad is not None]\n",
+                 "    if not hasattr(model, \"_with_grad\"):     # found once: the same every step\n"
+                 "        model._with_grad = [p for p in model.parameters() if p.grad is not None]\n"
+                 "    params = model._with_grad\n"),)),
     Flaw("allreduce_sgd", "mpi_float", clause="dtype", case="sgd-float64",
          why="names the datatype as the mpi4py tutorial does, [buffer, MPI.FLOAT]: for float64 "
              "gradients MPI adds pairs of half-doubles.",
