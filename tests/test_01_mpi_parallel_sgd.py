@@ -85,7 +85,8 @@ def test_solution_converged_equals_the_reference(solution, prev, loss, rel_tol):
 def test_the_sweeps_reach_every_edge_the_contract_names():
     """Bounds: size > n, n = 0, size 1, odd sizes. converged: the first epoch, equality at the
     tolerance, a loss that rose, negative and zero losses, tolerance 0. Scatter: every kind of
-    case at both world sizes' worth of ranks, roots other than 0, float64 and >1-d samples."""
+    case at both world sizes' worth of ranks, roots other than 0, float64 and >1-d samples.
+    SGD: which parameters have a gradient changes between steps, both ways."""
     cases = probes.bounds_cases()
     assert any(s > n > 0 for n, s in cases) and any(n == 0 for n, _ in cases)
     assert any(s == 1 for _, s in cases) and any(s % 2 and s > 1 for _, s in cases)
@@ -97,6 +98,12 @@ def test_the_sweeps_reach_every_edge_the_contract_names():
     kinds = {c[0] for cases in probes.SCATTER_CASES.values() for c in cases}
     assert kinds == {"scatter-shard", "scatter-root", "scatter-float64", "scatter-empty"}
     assert any(root != 0 for cases in probes.SCATTER_CASES.values() for _, _, root, *_ in cases)
+    # SGD: which parameters have a gradient changes between steps, both ways, and a list
+    # kept from the first step misses some later on (a parameter frozen in step 1 only)
+    none = probes.step_no_grad("sgd-varying")
+    assert "sgd-varying" in {c for c, _ in probes.SGD_CASES} and len(none) == probes.SGD_STEPS
+    assert any(set(none[t + 1]) - set(none[t]) for t in range(len(none) - 1))      # loses one
+    assert set(none[0]) - set(none[1]) - {"frozen"}                  # gets one it never had
 
 
 def test_a_salt_changes_every_input_a_rank_could_rebuild_and_salt_0_none():

@@ -262,7 +262,8 @@ def test_the_sweeps_reach_every_edge_the_contract_names():
     ties; ring: a baseline every world size divides, lengths that do not divide, < world size
     and empty, 2-D and 3-D, float64, integers beyond 2**53 (int64) and 2**24 (int32), groups
     of non-consecutive ranks with a lone rank; average_gradients: EdgeNet, float64, a rank
-    without samples, a group of non-consecutive ranks; SyncBatchNorm: (N, C), (N, C, L),
+    without samples, a group of non-consecutive ranks, parameters that get and lose a gradient
+    between calls; SyncBatchNorm: (N, C), (N, C, L),
     (N, C, H, W), float64, an empty local batch, momentum None and 0.3, a channel whose
     variance is about eps, no affine / no running statistics, a non-consecutive group."""
     sizes = probes.size_cases()
@@ -295,6 +296,7 @@ def test_the_sweeps_reach_every_edge_the_contract_names():
     for size in (2, 3):
         avg = {c[0]: c for c in probes.avg_cases(size)}
         assert avg["avg-model"][1] == "edge" and avg["avg-float64"][2] == "float64"
+        assert avg["avg-varying"][1] == "branch" and len(avg["avg-varying"][3]) >= 3
         assert any(0 in s for s in avg["avg-empty-rank"][3])
         bn = probes_batchnorm.bn_cases(size)
         assert {len(c["spatial"]) for c in bn} == {0, 1, 2}
@@ -302,6 +304,11 @@ def test_the_sweeps_reach_every_edge_the_contract_names():
         assert any(0 in c["sizes"] for c in bn) and any(c.get("near_constant") for c in bn)
         assert any(c["dtype"] == "float64" for c in bn) and any(not c.get("affine", 1) for c in bn)
     assert [0, 2] in probes.AVG_GROUPS[3]
+    seen = []           # avg-varying: the parameters with a gradient change both ways
+    probes.avg_run(probes.avg_model("branch"), probes.avg_batches(probes.AVG_SPLITS[2], "branch"),
+                   vary=probes.vary_of("branch"), steps=seen)
+    seen = [set(step) for step in seen]
+    assert seen[1] - seen[0] and seen[1] - seen[2] and any("fc1" in n for n in seen[1] - seen[0])
     assert any([0, 2] in c.get("group", []) for c in probes_batchnorm.bn_cases(3))
 
 
