@@ -157,7 +157,7 @@ def _check_switch(res, size):
     check_consolidated("checkpoint-resumed", [r["resumed"] for r in runs], size, resumed)
     for rank, run in enumerate(runs):
         compare("checkpoint-resumed", rank, size, {"final": run["trip_final"],
-                                                   "ref": run["ref_final"]},
+                                                   "ref": run["trip_ref"]},
                 f"{first}; load_state_dict of it into a fresh ShardedOptimizer, then {more}",
                 "a parameter without an entry in the state dict has no state after loading, "
                 "and the local optimizer creates it at its first gradient, as AdamW does")

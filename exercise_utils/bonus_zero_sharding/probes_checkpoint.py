@@ -10,8 +10,9 @@ learning rate) loads the unsharded optimizer's state dict, another the consolida
 from rank ``to`` to every rank), and both train on beside the reference. Float64 and EdgeNet:
 ``consolidate_state_dict()``, and a fresh optimizer that loads the consolidated state dict
 trains on. Switch (a branch of the forward per step): consolidated when two branches never had
-a gradient, loaded into a fresh optimizer; both train on while one of those branches gets its
-first gradient, and both consolidate again (the second call after a resume).
+a gradient; it trains on while one of them gets its first gradient and consolidates again; a
+fresh optimizer loads the first state dict, trains the same steps (beside a copy of the
+reference as it was then) and consolidates: a consolidation after a resume.
 
 Used in 07_bonus_zero_sharding.
 """
@@ -154,34 +155,41 @@ def round_trip(student, ctx, kind, dtype, objects):
 
 def switching(student, ctx, objects):
     """The Switch run after its SHORT steps (``c`` and ``spare`` never had a gradient, so they
-    have no state): consolidate on rank 0; a fresh optimizer loads that state dict; both train
-    2 steps beside the reference (``c``'s first gradient in the first, ``b``'s in the second);
-    then the first consolidates again (``to=size - 1``), and so does the resumed one
-    (``to=1 % size``)."""
+    have no state): consolidate on rank 0; 2 more steps (``c``'s first gradient in the first,
+    ``b``'s in the second) and consolidate again (``to=size - 1``); then a fresh optimizer
+    loads the first state dict and takes the same 2 steps beside a copy of the reference as it
+    was at the first consolidation, and consolidates (``to=1 % size``): a consolidation after a
+    resume."""
     ref_model, ref, model, opt = objects
     first, saved = consolidated(ctx, opt, ref)
     out = {"first": first, "seen": []}
-    followers, cases = [(model, opt)], ["checkpoint-varying"]
-    if saved is not None:
-        ctx.case("checkpoint-resumed")
-        model3 = copy.deepcopy(ref_model)
-        opt3 = student.ShardedOptimizer(list(model3.parameters()), torch.optim.AdamW,
-                                        **{**ADAMW, "lr": 10 * LR})
-        opt3.load_state_dict(saved)
-        followers.append((model3, opt3))
-        cases.append("checkpoint-resumed")
+    start = copy.deepcopy(ref_model)                 # the reference at the first consolidation
+    state = copy.deepcopy(ref.state_dict())
     for step in range(SHORT + 1, SHORT + 3):
-        lockstep(ctx, "switch", "float32", step, ref_model, ref, followers, cases, out["seen"])
-        for _, o in followers:
-            o.zero_grad()
-    ctx.case("checkpoint-varying")
+        lockstep(ctx, "switch", "float32", step, ref_model, ref, [(model, opt)], seen=out["seen"])
+        opt.zero_grad()
     out["again"], _ = consolidated(ctx, opt, ref, ctx.size - 1)
     out["final"], out["ref_final"] = named(model), named(ref_model)
     if saved is not None:
         ctx.case("checkpoint-resumed")
-        out["resumed"], _ = consolidated(ctx, opt3, ref, 1 % ctx.size)
-        out["trip_final"] = named(model3)
+        out.update(_resumed(student, ctx, start, state, saved))
     return out
+
+
+def _resumed(student, ctx, ref_model, state, saved):
+    """A fresh optimizer loads ``saved`` and trains the 2 steps of :func:`switching` beside the
+    reference ``ref_model`` (with the optimizer state ``state``), then consolidates."""
+    ref = torch.optim.AdamW(ref_model.parameters(), **ADAMW)
+    ref.load_state_dict(state)
+    model = copy.deepcopy(ref_model)
+    opt = student.ShardedOptimizer(list(model.parameters()), torch.optim.AdamW,
+                                   **{**ADAMW, "lr": 10 * LR})
+    opt.load_state_dict(saved)
+    for step in range(SHORT + 1, SHORT + 3):
+        lockstep(ctx, "switch", "float32", step, ref_model, ref, [(model, opt)])
+        opt.zero_grad()
+    record, _ = consolidated(ctx, opt, ref, 1 % ctx.size)
+    return {"resumed": record, "trip_final": named(model), "trip_ref": named(ref_model)}
 
 
 def checkpoint(student, ctx, objects):

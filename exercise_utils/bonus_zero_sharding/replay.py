@@ -179,6 +179,8 @@ def judge_checkpoint(res, size, sharded):
                 if isinstance(trip.get(key), dict):
                     trip[key]["ref"] = replay.state()
             trip["ref_final"] = replay.result()["ref"]
+            if "trip_ref" in trip:              # the resumed optimizer's reference: the same
+                trip["trip_ref"] = trip["ref_final"]
         for name in ("float64", "edge"):
             trip = out.get(name)
             if not isinstance(trip, dict) or "ref" not in trip:

@@ -159,8 +159,8 @@ def checkpoint_calls(size):
     """``(least, most)`` calls of stage "checkpoint" (:mod:`.probes_checkpoint`): on the
     baseline three consolidations, 2 steps, then 3 steps of two optimizers that loaded a state
     dict; on the float64 model and EdgeNet one consolidation and 2 steps each; on the Switch
-    model one consolidation, 2 steps of two optimizers (one resumed from it), and one
-    consolidation of each."""
+    model one consolidation, 2 steps and another; then an optimizer resumed from the first,
+    2 steps and a consolidation."""
     least, most = [], []
 
     def add(calls):
@@ -178,8 +178,9 @@ def checkpoint_calls(size):
         add(run.steps(range(probes.SHORT + 1, probes.SHORT + 3), size))
     run, last = Run("switch"), probes.SHORT + 2
     add(consolidation(run, size, probes.SHORT - 1, 0))
-    add(run.steps(range(probes.SHORT + 1, probes.SHORT + 3), size, 2))
+    add(run.steps(range(probes.SHORT + 1, probes.SHORT + 3), size))
     add(consolidation(run, size, last, size - 1))
+    add(run.steps(range(probes.SHORT + 1, probes.SHORT + 3), size))     # the resumed one
     add(consolidation(run, size, last, 1 % size))
     return least, most
 
