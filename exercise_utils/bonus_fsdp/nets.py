@@ -26,6 +26,7 @@ EDGE_BATCH, EDGE_STEPS = 4, 2     # EdgeNet: rows per rank and step, steps
 OPTIM = dict(lr=0.05, momentum=0.9, weight_decay=0.01)   # SGD: Adam would hide a wrong scale
 BIG_COUNT = 2 ** 24 + 1           # EdgeNet's num_batches_tracked: float32 cannot hold it
 EDGE_UNITS = ("inp", "bn", "unused", "back", "head")   # back.weight is out.weight: the root's
+ZERO2_SKIPS = (0, 2)              # steps of Zero2's run whose forward leaves the last block out
 
 
 class Block(nn.Module):
@@ -46,7 +47,9 @@ class Block(nn.Module):
 
 
 class Net(nn.Module):
-    """Embedding (tied to the head's weight) + a buffer, four blocks (units), head."""
+    """Embedding (tied to the head's weight) + a buffer, four blocks (units), head.
+    ``skip_last``: the forward leaves the last block out (its parameters get no gradient; set
+    per step by Zero2's run, :data:`ZERO2_SKIPS`)."""
 
     def __init__(self):
         super().__init__()
@@ -56,9 +59,11 @@ class Net(nn.Module):
         self.head = nn.Linear(WIDTH, VOCAB)
         self.head.weight = self.emb.weight
         self.register_buffer("shift", torch.linspace(-0.1, 0.1, WIDTH))
+        self.skip_last = False
 
     def forward(self, tokens):
-        return self.head(self.blocks(self.emb(tokens) + self.shift))
+        blocks = self.blocks[:-1] if self.skip_last else self.blocks
+        return self.head(blocks(self.emb(tokens) + self.shift))
 
 
 def make_model(seed=0):

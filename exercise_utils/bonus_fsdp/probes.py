@@ -5,7 +5,9 @@ Stages (one launch runs those asked for, in order; each part names its check cas
 ``ctx.case`` before it runs, so a crash or a hang is charged to it; ``shard_flat``'s sweep runs
 before, in a lone process: :mod:`.shards`):
 
-* ``"zero2"``: ``STEPS`` steps of ``Zero2`` on :class:`~.nets.Net`, its local optimizer a
+* ``"zero2"``: ``STEPS`` steps of ``Zero2`` on :class:`~.nets.Net` (its last block left out
+  of the forward at the steps of ``ZERO2_SKIPS``: its parameters have no gradient there, and
+  one at the others), its local optimizer a
   ``torch.optim.SGD`` that records, when it steps, the gradients left on the model and the
   bytes alive; per step the collectives of ``step()`` (the core's recorder), the gradients
   left and the bytes alive after it; then ``EDGE_STEPS`` steps on EdgeNet in float32 and
@@ -39,7 +41,8 @@ import torch.nn.functional as F
 from ..rankworker import not_implemented
 from ..recorder import Recorder
 from .memory import alive_bytes, start
-from .nets import EDGE_STEPS, OPTIM, STEPS, arrays, edge_local, edge_model, local, make_model
+from .nets import (EDGE_STEPS, OPTIM, STEPS, ZERO2_SKIPS, arrays, edge_local, edge_model, local,
+                   make_model)
 from .probes_zero3 import state_dict, zero3
 
 
@@ -65,6 +68,7 @@ def _zero2_net(student, ctx, rec):
     steps = []
     for step in range(STEPS):
         opt.zero_grad()
+        model.skip_last = step in ZERO2_SKIPS    # which parameters have a gradient varies
         x, y = local(step, ctx)
         F.cross_entropy(model(x), y).backward()
         rec.take()

@@ -16,27 +16,38 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .nets import (EDGE_STEPS, MORE_STEPS, OPTIM, STEPS, arrays, combined, edge_combined,
-                   edge_model, make_model)
+from .nets import (EDGE_STEPS, MORE_STEPS, OPTIM, STEPS, ZERO2_SKIPS, arrays, combined,
+                   edge_combined, edge_model, make_model)
 
 ZERO3_EDGE = (("zero3-features", "float32", 1), ("zero3-float64", "float64", 1),
               ("zero3-accumulate", "float32", 2))
 
 
-def reference(size, steps, start=None, grad_scale=1, salts=None):
+def reference(size, steps, start=None, grad_scale=1, salts=None, skips=(), zeros_once=False):
     """One process on the combined batches (of the ranks' ``salts``): the model after
     ``steps`` steps (with ``grad_scale``, every gradient multiplied by it: the replay of a
-    known mistake)."""
+    known mistake). ``skips``: the steps whose forward leaves the last block out (Zero2's
+    run), where a trainable parameter without gradient counts as zeros (Zero2's rule);
+    ``zeros_once``: one without gradient at the first step counts as zeros at every step (the
+    replay of a known mistake)."""
     model = make_model()
     if start is not None:
         model.load_state_dict(start)
     opt = torch.optim.SGD(model.parameters(), **OPTIM)
-    first = 0 if start is None else STEPS
+    first, missing = 0 if start is None else STEPS, None
     for step in range(first, first + steps):
         opt.zero_grad()
+        model.skip_last = step in skips
         x, y = combined(step, size, salts)
         (F.cross_entropy(model(x), y) * grad_scale).backward()
+        if skips:
+            if missing is None:
+                missing = {id(p) for p in model.parameters() if p.grad is None}
+            for p in model.parameters():
+                if p.requires_grad and (p.grad is None or (zeros_once and id(p) in missing)):
+                    p.grad = torch.zeros_like(p)
         opt.step()
+    model.skip_last = False
     return model
 
 
@@ -93,7 +104,8 @@ def _references(stage, size, salted=()):
     torch.set_num_threads(1)
     try:
         if stage == "zero2":
-            return {"ref": arrays(dict(reference(size, STEPS, salts=salts).named_parameters())),
+            return {"ref": arrays(dict(reference(size, STEPS, salts=salts, skips=ZERO2_SKIPS)
+                                       .named_parameters())),
                     **{key: {"ref": arrays(edge_reference(size, dtype, zero_fill=True,
                                                           salts=salts).state_dict())}
                        for key, dtype in (("edge32", "float32"), ("edge64", "float64"))}}

@@ -34,7 +34,7 @@ CONTRACT = {
         Clause("average-over-ranks", "the AVERAGE over the ranks of this rank's shard becomes "
                "``self.shard.grad``", cases=("zero2-values",)),
         Clause("missing-grad", "a parameter without ``.grad`` counts as zeros",
-               cases=("zero2-features",)),
+               cases=("zero2-features", "zero2-values")),
         Clause("free-grads", "free every parameter's full ``.grad`` and the flat buffer BEFORE "
                "the optimizer step", cases=("zero2-grads-freed", "zero2-freed-before-step")),
         Clause("freed-before-step", "**frees the full gradients before the optimizer step** "

@@ -92,10 +92,10 @@ FLAWS = [
          patch=((STEP, ""),
                 ("        unflatten_into(full, self.params)\n",
                  "        unflatten_into(full, self.params)\n" + STEP))),
-    Flaw("zero2", "skips_missing_grads", clause="missing-grad", case="zero2-features",
+    Flaw("zero2", "skips_missing_grads", clause="missing-grad", case="zero2-values",
          why="concatenates only the gradients that exist: after a parameter without .grad (an "
              "unused layer) every gradient lands on the wrong parameters.",
-         expect="a parameter without .grad counted as zeros",
+         expect="blocks.3's parameters have no .grad there",
          patch=(("        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in "
                  "self.params]\n",
                  "        grads = [p.grad for p in self.params if p.grad is not None]\n"),
@@ -395,4 +395,17 @@ FLAWS = [
                  "            own = self.model.state_dict()\n"
                  "            self.model.load_state_dict({k: state_dict[k].clone() for k in own},"
                  " assign=True)\n"),)),
+    # ------------------------------------------------------------------ time-varying gradients
+    Flaw("zero2", "zeros_made_once", clause="missing-grad", case="zero2-values",
+         why="makes the zeros of the parameters without a gradient once, at the first step, and "
+             "uses them for those parameters at every step: a layer unused at the first step "
+             "and used later has its gradient replaced by zeros.",
+         expect="were counted as zeros at every later step too",
+         patch=(("        grads = [p.grad if p.grad is not None else torch.zeros_like(p) "
+                 "for p in self.params]\n",
+                 "        if getattr(self, \"_zeros\", None) is None:   # unused parameters: "
+                 "their zeros, made once\n"
+                 "            self._zeros = {id(p): torch.zeros_like(p) for p in self.params "
+                 "if p.grad is None}\n"
+                 "        grads = [self._zeros.get(id(p), p.grad) for p in self.params]\n"),)),
 ]
