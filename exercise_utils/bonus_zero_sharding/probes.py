@@ -19,9 +19,10 @@ a rank that owns no parameter, SGD as ``optimizer_cls``, a generator or dicts as
 group given as one tensor, and a ``StepLR`` scheduler.
 
 Stage "checkpoint" (:mod:`.probes_checkpoint`) continues from the baseline, float64,
-EdgeNet and Switch runs: ``state_dict()`` before any consolidation, ``consolidate_state_dict`` to each
-rank in turn and again after more steps, ``load_state_dict`` of the unsharded optimizer's and
-of the consolidated state dict, then more steps.
+EdgeNet and Switch runs: ``state_dict()`` before any consolidation, ``consolidate_state_dict``
+to each rank in turn and again after more steps, ``load_state_dict`` of the unsharded
+optimizer's and of the consolidated state dict, then more steps (and a consolidation again
+after such a resume, on Switch).
 
 Used in 07_bonus_zero_sharding.
 """
