@@ -25,7 +25,8 @@ SALTED, INPUT, CASES, CONSTANT, PROBE = ("salted", "input", "cases", "constant",
 # every rank's own number (no rank can rebuild another's)
 ALLOWED = {
     "bonus_fsdp.nets": {"EDGE_STEPS": CONSTANT, "MORE_STEPS": CONSTANT, "OPTIM": CONSTANT,
-                        "STEPS": CONSTANT, "arrays": PROBE, "combined": SALTED,
+                        "STEPS": CONSTANT, "ZERO2_SKIPS": CONSTANT, "arrays": PROBE,
+                        "combined": SALTED,
                         "edge_combined": SALTED, "edge_model": INPUT, "make_model": INPUT},
     "bonus_model_parallel.nets": {"BLOCKS": CASES, "D_MODEL": CONSTANT, "PARAMS": CONSTANT,
                                   "PP_LAYERS": CONSTANT, "PP_RUNS": CASES,
