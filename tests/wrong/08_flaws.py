@@ -201,6 +201,17 @@ FLAWS = [
                  r = min(n, m, rank)
                  return r if (n + m) * r * min_compression_rate < n * m else 0
              """),)),
+    Flaw("compression_rank", "numpy_product", clause="int-0-tensors", case="rank-int",
+         why="computes m as numpy.prod(shape[1:]), so whenever m is the smallest of n, m and "
+             "rank the result is a numpy.int64, not an int.",
+         expect="returned a numpy.int64",
+         patch=(rank_def("""
+                 n = int(shape[0])
+                 import numpy as np
+                 m = np.prod(shape[1:])     # the product of the other dimensions
+                 r = min(n, m, rank)
+                 return r if (n + m) * r * min_compression_rate < n * m else 0
+             """),)),
     # ------------------------------------------------------------------ PowerSGD: baseline
     Flaw("powersgd", "one_rank_early_return", clause="one-rank", case="psgd-elements",
          why="returns at once with one rank ('nothing to average'), so gradients are not "
