@@ -146,6 +146,11 @@ FLAWS = [
              "documented.",
          expect="returned a Tensor",
          patch=(("    return owners\n", "    return torch.tensor(owners, dtype=torch.long)\n"),)),
+    Flaw("sharded", "numpy_owners", clause="owners-list", case="partition-type",
+         why="picks the least-loaded rank with numpy.argmin (the lowest rank among ties, as "
+             "asked): the right ranks, but each a numpy.int64, not the int of list[int].",
+         expect="['int64']",
+         patch=((LEAST, "        rank = __import__(\"numpy\").argmin(loads)\n"),)),
     # ------------------------------------------------------------------ the optimizer
     Flaw("sharded", "not_an_optimizer", clause="optimizer", case="scheduler-accepts",
          why="a plain class that keeps its own param_groups and defaults, without subclassing "
