@@ -85,7 +85,7 @@ def check_partition(path, timeout=TIMEOUT):
     res = run_ranks(path, probes.probe_partition, 2, "none", timeout=timeout,
                     case="sizes-sum-one",
                     what="partition_sizes / DataPartitioner / label_partitions")
-    sizes, parts, again, labels = res[0]
+    sizes, parts, again, labels, label_types = res[0]
     cases = size_cases()
     for (case, n, fr), got in zip(cases, sizes):
         if case != "sizes-raises":
@@ -99,11 +99,14 @@ def check_partition(path, timeout=TIMEOUT):
                        f"is more than 1)")
     for (case, n, fr), got in zip(cases, sizes):
         if case != "sizes-raises" and not got["ints"]:
-            fail("sizes-int", f"partition_sizes({n}, {_fmt(fr)}) returned {got['types']} "
-                              f"values; the docstring's Returns: list[int]: use math.floor "
-                              f"(an int), not f * n // 1 (a float)")
+            fail("sizes-int", f"partition_sizes({n}, {_fmt(fr)}) returned a "
+                              f"{got.get('container')} of {got['types']} values; the "
+                              f"docstring's Returns: list[int]: a Python list of Python ints "
+                              f"(math.floor gives one; not f * n // 1, a float, nor numpy's "
+                              f"integers)")
     _check_partitioner(parts, res[1][1], again)
     _check_labels(labels)
+    _check_label_types(label_types)
 
 
 def _check_sizes(case, n, fr, got):
@@ -173,6 +176,18 @@ def _check_parts(call, n, fr, got):
                                f"(the docstring: part i holds the next partition_sizes(...)[i] "
                                f"indices of the shuffled range(len(data))). Shuffle "
                                f"range(len(data)) with the seeded generator first")
+
+
+def _check_label_types(types):
+    """``label_partitions`` returns list[list[int]]: Python lists of Python ints."""
+    for (_, lab, k, kind), got in zip(LABEL_CASES, types):
+        if got is not None and (got[0] != "list" or any(t != "list" for t in got[1])
+                                or any(t != "int" for t in got[2])):
+            given = "a list" if kind == "list" else f"a 1-D {kind} tensor"
+            fail("labels-type", f"label_partitions(labels, {k}) with labels {lab} ({given}) "
+                 f"returned a {got[0]} of {got[1] or 'no parts'} holding {got[2] or 'nothing'}"
+                 f"; the docstring's Returns: list[list[int]]: a list of lists of Python ints "
+                 f"(labels.tolist() gives Python ints; numpy's and 0-d tensors are not)")
 
 
 def _check_labels(labels):

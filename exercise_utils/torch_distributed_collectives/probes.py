@@ -10,7 +10,6 @@ returns what came out. The verdicts are in :mod:`.checks`; the ring all-reduce's
 
 Used in 03_torch_distributed_collectives.
 """
-import numbers
 import random
 
 import numpy as np
@@ -152,16 +151,23 @@ def _sizes(student, n, fractions):
     return {"value": [int(v) if isinstance(v, (int, float, np.number)) else None for v in values],
             "exact": all(isinstance(v, (int, float, np.number)) and v == int(v) for v in values),
             "types": sorted({type(v).__name__ for v in values}),
-            "ints": all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
-                        for v in values)}
+            "container": type(got).__name__,
+            "ints": type(got) is list and all(type(v) is int for v in values)}
 
 
-def _labels(student, labels, k, kind):
+def _labels(student, labels, k, kind, types):
+    """The parts ``label_partitions`` returned, as lists of ints (or what it raised); appends
+    to ``types`` what it returned: ``[container, [part types], [element types]]``."""
     arg = list(labels) if kind == "list" else torch.tensor(labels, dtype=getattr(torch, kind))
     try:
-        return [[int(i) for i in p] for p in student.label_partitions(arg, k)]
+        got = student.label_partitions(arg, k)
+        parts = [[int(i) for i in p] for p in got]
     except Exception as exc:  # noqa: BLE001 - reported per case
+        types.append(None)
         return _raised(exc)
+    types.append([type(got).__name__, sorted({type(p).__name__ for p in got}),
+                  sorted({type(i).__name__ for p in got for i in p})])
+    return parts
 
 
 def probe_partition(student, ctx):
@@ -176,11 +182,11 @@ def probe_partition(student, ctx):
     ctx.case("parts-sizes")
     parts = [_partitioner(student, *c) for c in PARTITIONER_CASES]
     again = _partitioner(student, *PARTITIONER_CASES[0]).get("parts")
-    labels = []
+    labels, types = [], []
     for case, lab, k, kind in LABEL_CASES:
         ctx.case(case)
-        labels.append(_labels(student, lab, k, kind))
-    return sizes, parts, again, labels
+        labels.append(_labels(student, lab, k, kind, types))
+    return sizes, parts, again, labels, types
 
 
 # ---------------------------------------------------------------- gradient averaging

@@ -89,6 +89,7 @@ CONTRACT = {
                "``numpy.array_split``)", cases=("labels-groups",)),
         Clause("increasing", "part ``r`` holds, in increasing order, the indices of the samples "
                "whose label is in group ``r``.", cases=("labels-order",)),
+        Clause("lists", "list[list[int]]:", cases=("labels-type",)),
     ],
     "average_gradients": [
         Clause("weighted", "The gradient of the mean loss over all ``N = sum n_r`` samples is "

@@ -221,7 +221,7 @@ FLAWS = [
          why="the same rule in numpy, returned with tolist(): np.floor keeps the float dtype, so "
              "the sizes have the right values but are floats (5.0), not the list[int] the "
              "docstring returns.",
-         expect="returned ['float'] values",
+         expect="of ['float'] values",
          patch=(Def("partition_sizes", """
              def partition_sizes(n, fractions):
                  import numpy as np
@@ -358,6 +358,21 @@ FLAWS = [
          patch=(("    for i, label in enumerate(labels):\n        parts[group[label]].append(i)\n",
                  "    for label in distinct:\n"
                  "        parts[group[label]] += [i for i, v in enumerate(labels) if v == label]\n"),)),
+    Flaw("partition", "label_parts_numpy", clause="lists", case="labels-type",
+         why="finds each part's samples with numpy.flatnonzero and list()s them: the right "
+             "indices in the right order, but numpy integers, not the ints of list[list[int]].",
+         expect="holding ['int64']",
+         patch=(("    for i, label in enumerate(labels):\n        parts[group[label]].append(i)\n",
+                 "    import numpy as np\n"
+                 "    owner = np.array([group[v] for v in labels], dtype=np.int64)\n"
+                 "    parts = [list(np.flatnonzero(owner == r)) for r in range(num_partitions)]\n"),)),
+    Flaw("partition", "sizes_numpy_floor", clause="floor", case="sizes-int",
+         why="floors all the sizes at once with numpy (np.floor(...).astype(np.int64)) and "
+             "returns list() of that: the right sizes, as numpy integers, not list[int].",
+         expect="['int64'] values",
+         patch=(("    sizes = [math.floor(e) for e in exact]\n",
+                 "    import numpy as np\n"
+                 "    sizes = list(np.floor(np.array(exact, dtype=float)).astype(np.int64))\n"),)),
     # ------------------------------------------------------------------ average_gradients
     Flaw("average_gradients", "plain_mean", clause="weighted", case="avg-values",
          why="the plain average sum_r g_r / world_size, ignoring that ranks hold different "
