@@ -262,7 +262,7 @@ FLAWS = [
          why="polls a gradient's receive with `while not work.is_completed(): pass` and posts "
              "it with the activation's tag, which the next stage never sends back: stage s "
              "spins for ever while stage s+1 waits for its next activation.",
-         expect="kept looping on the same few lines", timeout=15,
+         expect="kept looping on the same few lines", timeout=8,
          patch=(("                grads[j] = irecv(out.shape, out.dtype, s + 1, tag_gradient(j))\n",
                  "                grads[j] = irecv(out.shape, out.dtype, s + 1, tag_activation(j))\n"),
                 ("                grad, work = grads.pop(j)\n                work.wait()\n",
