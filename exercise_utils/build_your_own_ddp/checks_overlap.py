@@ -25,7 +25,7 @@ from . import reference as ref
 from . import references
 from .checks import collective_events, spec_words, verify_broadcast_at_start, verify_numbers
 from .launches import TIMEOUT, raise_if_todo, stage_results
-from .probes_grad import BUCKET_CASES, MICROS, OVERLAP_CASES
+from .probes_grad import BUCKET_CASES, MICROS, OVERLAP_CASES, STALE
 
 
 @check
@@ -81,7 +81,9 @@ def _check_overlap_step(events, rank, n):
 def check_buckets(path, timeout=TIMEOUT):
     """Check ``BucketDDP``: packing (reverse order, cap, bytes, frozen skipped, tied once), one
     async all_reduce per bucket started when its last gradient is ready, ``no_sync`` (nested),
-    an idle finish, the error for parameters without gradient and the step after it; on the
+    an idle finish, the error for parameters without gradient (also where they still hold a
+    gradient from before: ``zero_grad(set_to_none=False)``, ``no_sync()``) and the step after
+    it; on the
     wire, the broadcast and the buckets' all-reduces and nothing else (``buckets-wire``)."""
     for size, _, res in stage_results(path, "buckets", timeout):
         raise_if_todo(res, path)
@@ -209,6 +211,40 @@ def _check_after_error(runs, size):
                        "after the one that raised", "reset the counters before raising, so "
                        "that the next backward starts afresh", "buckets-unused-error", "branch",
                        "buckets-after-error")
+    _check_stale(runs, size)
+
+
+STALE_WHAT = {
+    "zeroed": "after zero_grad(set_to_none=False) (every p.grad a zero tensor, not None)",
+    "no_sync": "after a backward inside no_sync() that used the branch (its p.grad holds that "
+               "accumulated gradient)"}
+
+
+def _check_stale(runs, size):
+    """The branch skipped while its parameters still hold a gradient from before (after
+    ``zero_grad(set_to_none=False)``; after a backward inside ``no_sync()`` that used it):
+    "got no gradient in that backward" is not ``p.grad is None``."""
+    names, used = list(ref.UNUSED), [n for n, _ in ref.grad_params("branch")
+                                     if n not in ref.UNUSED]
+    for pattern in STALE:
+        for rank, run in enumerate(runs):
+            error = run["stale"].get(pattern)
+            what = (f"rank {rank}: BucketDDP(BranchNet()) with {size} ranks, a backward that "
+                    f"skipped the layer 'branch' {STALE_WHAT[pattern]}: "
+                    "finish_gradient_synchronization() ")
+            rule = (f"It must raise RuntimeError naming {names}: every trainable parameter "
+                    "that got no gradient in that backward, whatever p.grad held before. Note "
+                    "which parameters' hooks fired outside no_sync() since the last call; "
+                    "p.grad is None says nothing about this backward")
+            if error is None:
+                fail("buckets-unused-stale", what + "returned normally: the bucket waiting for "
+                     "those gradients was never reduced, its other gradients stayed local and "
+                     "an optimizer step would let the replicas drift apart. " + rule)
+            kind, message, is_runtime = error
+            named = [n for n in used if re.search(rf"\b{re.escape(n)}\b", message)]
+            if not is_runtime or any(name not in message for name in names) or named:
+                fail("buckets-unused-stale", what + f"raised {kind}: {message!r}. " + rule
+                     + (f" (and no other: it names {named}, which got theirs)" if named else ""))
 
 
 RULES = [  # (case, what a mistaken rule packs, why it is wrong)

@@ -150,8 +150,10 @@ def _accumulate(ctx, rec, ddp, spec, pattern, case):
 def _train_unused(student, ctx):
     """BucketDDP(BranchNet), the branch skipped in step UNUSED_AT (its parameters get no
     gradient), used again in the step after: ``{"errors": [[step, type, message, is
-    RuntimeError], ...], "init", "final", "grads"}``. No optimizer step follows an error
-    (as in a training loop that catches it); the step after must train normally."""
+    RuntimeError], ...], "init", "final", "grads", "stale"}``. No optimizer step follows an
+    error (as in a training loop that catches it); the step after must train normally. Then
+    (``"stale"``, :func:`_skip_stale`) the branch is skipped twice more while it still holds
+    a gradient from before."""
     ctx.case("buckets-unused-error")
     model = seeded_model("branch", 100 + ctx.rank, ctx.salt)
     init = named_state(model)
@@ -173,5 +175,36 @@ def _train_unused(student, ctx):
             continue
         grads[step] = grads_of(model)
         opt.step()
+    final = named_state(model)
+    stale = _skip_stale(ddp, model, opt, ctx) if len(grads) == 2 else {}
     ctx.case("buckets-unused-error")
-    return {"errors": errors, "init": init, "final": named_state(model), "grads": grads}
+    return {"errors": errors, "init": init, "final": final, "grads": grads, "stale": stale}
+
+
+STALE = ("zeroed", "no_sync")        # what left the skipped branch a gradient (see below)
+
+
+def _skip_stale(ddp, model, opt, ctx):
+    """Two more backward passes that skip the branch while its parameters still hold a
+    gradient from before (``p.grad`` is not None, yet none arrived in THIS backward):
+    "zeroed", after ``zero_grad(set_to_none=False)``; "no_sync", after a backward inside
+    ``no_sync()`` that used the branch. ``{pattern: [type, message, is RuntimeError] or
+    None (returned normally)}``; no optimizer step."""
+    ctx.case("buckets-unused-stale")
+    out = {}
+    for k, pattern in enumerate(STALE):
+        opt.zero_grad(set_to_none=pattern != "zeroed")
+        x, y = batch("branch", UNUSED_AT + 2 + k, ctx.rank, salt=ctx.salt)
+        if pattern == "no_sync":
+            model.use_branch = True
+            with ddp.no_sync():
+                F.cross_entropy(ddp(x), y).backward()
+        model.use_branch = False
+        F.cross_entropy(ddp(x), y).backward()
+        try:
+            ddp.finish_gradient_synchronization()
+            out[pattern] = None
+        except Exception as exc:  # noqa: BLE001 - reported by the checker
+            out[pattern] = [type(exc).__name__, str(exc), isinstance(exc, RuntimeError)]
+    model.use_branch = True
+    return out

@@ -212,7 +212,7 @@ CONTRACT = {
                "``finish_gradient_synchronization()`` raises ``RuntimeError`` naming every "
                "trainable parameter that got no gradient in that backward (and no other), "
                "before an optimizer step could let the replicas drift apart.",
-               cases=("buckets-unused-error",)),
+               cases=("buckets-unused-error", "buckets-unused-stale")),
         Clause("reset-first",
                "The counters are reset first, so the next backward starts afresh.",
                cases=("buckets-after-error",)),

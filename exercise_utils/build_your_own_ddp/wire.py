@@ -22,7 +22,7 @@ from .. import wire
 from . import expected
 from . import reference as ref
 from .probes import BROADCAST_CASES, OPTIMIZER_CASES
-from .probes_grad import BUCKET_CASES, OVERLAP_CASES, REDUCE_CASES
+from .probes_grad import BUCKET_CASES, OVERLAP_CASES, REDUCE_CASES, STALE
 
 # Bytes beyond the calls: the core's gloo BASE; under mpiexec, with MPI's own set-up (90-98 kB
 # measured), the core's SETUP
@@ -101,7 +101,8 @@ def stage_calls(stage, steps=ref.STEPS):
         broadcast("branch")
         every = bucket_calls("branch", ref.BUCKET_CAPS["branch"])
         both(every * 2)                 # the steps before and after the one without the branch
-        most.extend(every)              # (in that one only the complete buckets are reduced)
+        most.extend(every * (1 + len(STALE)))   # (in those, as in the backward passes that skip
+        #                                 it with stale gradients, only the complete buckets)
     return least, most
 
 

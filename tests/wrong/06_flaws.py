@@ -659,6 +659,13 @@ FLAWS = [
              "reduced, finish returns normally, and the replicas drift apart silently.",
          expect="returned normally",
          patch=(("        if arrived and missing:\n", "        if False:\n"),)),
+    Flaw("buckets", "missing_by_grad_none", clause="unused-raises", case="buckets-unused-stale",
+         why="finds the parameters without gradient by p.grad is None, not by which hooks fired "
+             "in this backward: a stale gradient (zero_grad(set_to_none=False), or one "
+             "accumulated inside no_sync()) hides a skipped layer, whose bucket is never reduced.",
+         expect="got no gradient in that backward",
+         patch=(("                   for name, p in zip(names, params) if id(p) not in arrived]\n",
+                 "                   for name, p in zip(names, params) if p.grad is None]\n"),)),
     Flaw("buckets", "raise_before_reset", clause="reset-first", case="buckets-after-error",
          why="checks for missing gradients first and raises before resetting the counters: the "
              "next backward counts on top of the old counts.",
