@@ -101,8 +101,9 @@ def stage_calls(stage, steps=ref.STEPS):
         broadcast("branch")
         every = bucket_calls("branch", ref.BUCKET_CAPS["branch"])
         both(every * 2)                 # the steps before and after the one without the branch
-        most.extend(every * (1 + len(STALE)))   # (in those, as in the backward passes that skip
-        #                                 it with stale gradients, only the complete buckets)
+        most.extend(every * (1 + len(STALE)))   # (in that one, and in the backward passes
+        #                                 that skip it with stale gradients, only the complete
+        #                                 buckets are reduced)
     return least, most
 
 
