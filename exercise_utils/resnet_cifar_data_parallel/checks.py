@@ -10,6 +10,11 @@ last, which ranks built and updated an EMA model and which validated. Per run, t
 then replays single-process training on the combined batches (rank 0's minibatch, then rank
 1's, ... step by step) and demands the same parameters. Ghost BatchNorm (statistics per ghost
 batch of 8 examples, one ghost batch per minibatch) makes that equality exact up to rounding.
+It also replays rank 0's own forward passes (its minibatch alone, from its parameters before
+each step): their losses are what each epoch record's training loss must be, and their
+BatchNorm running statistics are what the EMA model copies; the judge evaluates the replayed
+EMA model at the end of each epoch on the test set it loads itself and demands the accuracy
+the leader recorded (examples decided by a hair count either way).
 The verdicts come one promise at a time over every run, the most basic first; each failure
 names its case of the contract (:mod:`.requirements`).
 
@@ -61,7 +66,7 @@ def check_train(path, timeout=TIMEOUT):
     torch.set_num_threads(1)          # the replays: tiny convolutions, 10x slower on 2 threads
     try:                              # of a busy machine
         for verdict in (_check_slices, _check_init, _check_step, _check_leader, _check_ema,
-                        _check_validates, _check_returns):
+                        _check_validates, _check_returns, _check_loss, _check_accuracy):
             for run in done:
                 verdict(run)
     finally:
@@ -153,46 +158,9 @@ def _check_init(run):
                      atol=0, rtol=0, case="train-init", dtype=True)
 
 
-def replay(outs, config):
-    """Single-process training on the combined minibatches the ranks recorded, one step at a
-    time, each step from rank 0's parameters before it (so that rounding differences never
-    grow over steps); its EMA built from the starting model and updated with rank 0's
-    parameters after steps ``ema_every``, ``2 * ema_every``, ... (counted over all epochs).
-
-    Returns:
-        (parameters after each step, the EMA model's parameters)
-    """
-    rank0 = outs[0]
-    steps = len(rank0["epochs"][0])
-    init = {k: torch.from_numpy(v) for k, v in rank0["init"].items()}
-    model = ORIGINAL["ResNetBagOfTricks"](init["whiten.weight"], width=config.width,
-                                          ghost_size=config.ghost_size)
-    model.load_state_dict(init)
-    names = dict(model.named_parameters())
-    before = [{k: v for k, v in rank0["init"].items() if k in names}] + rank0["trajectory"]
-    opt, schedule = tricks.make_optimizer(model, config.batch_size, config.epochs * steps,
-                                          lr=config.lr, weight_decay=config.weight_decay)
-    ema = replay_ema(outs, config)
-    batches = [[o["epochs"][e][i] for o in outs] for e in range(len(rank0["epochs"]))
-               for i in range(steps)]
-    after = []
-    for step, parts in enumerate(batches):
-        _load(model, before[step])
-        xb = torch.from_numpy(np.concatenate([x for x, _ in parts]))
-        yb = torch.from_numpy(np.concatenate([y for _, y in parts]))
-        loss = tricks.label_smoothing_loss(model(xb), yb, config.label_smoothing).sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        schedule.step()
-        after.append(params(model))
-    return after, ema
-
-
-def replay_ema(outs, config, lag=0):
-    """The EMA model's parameters: built from rank 0's starting model and updated with rank
-    0's parameters after steps ``ema_every``, ``2 * ema_every``, ... (``lag`` 1: with those
-    before each of these steps, i.e. one step behind)."""
+def _start(outs, config):
+    """The model rank 0 trained from (its parameters and buffers at the first step), and the
+    parameters before each step (``[s]``: before step ``s + 1``; the last: after the last)."""
     rank0 = outs[0]
     init = {k: torch.from_numpy(v) for k, v in rank0["init"].items()}
     model = ORIGINAL["ResNetBagOfTricks"](init["whiten.weight"], width=config.width,
@@ -200,12 +168,88 @@ def replay_ema(outs, config, lag=0):
     model.load_state_dict(init)
     names = dict(model.named_parameters())
     states = ([{k: v for k, v in rank0["init"].items() if k in names}] + rank0["trajectory"]
-              + [rank0["final"]])                    # states[s]: after step s
+              + [rank0["final"]])
+    return model, states
+
+
+def replay(outs, config):
+    """Single-process training on the combined minibatches the ranks recorded, one step at a
+    time, each step from rank 0's parameters before it (so that rounding differences never
+    grow over steps); its EMA built from the starting model and updated with rank 0's
+    parameters after steps ``ema_every``, ``2 * ema_every``, ... (counted over all epochs).
+
+    Returns:
+        (parameters after each step, the EMA model's parameters, :func:`replay_leader`'s
+        record of the leader)
+    """
+    rank0 = outs[0]
+    steps = len(rank0["epochs"][0])
+    model, before = _start(outs, config)
+    opt, schedule = tricks.make_optimizer(model, config.batch_size, config.epochs * steps,
+                                          lr=config.lr, weight_decay=config.weight_decay)
+    leader = replay_leader(outs, config)
+    ema = replay_ema(outs, config, buffers=leader["buffers"])
+    batches = [[o["epochs"][e][i] for o in outs] for e in range(len(rank0["epochs"]))
+               for i in range(steps)]
+    after = []
+    for step, parts in enumerate(batches):
+        _load(model, before[step])
+        xb = torch.from_numpy(np.concatenate([x for x, _ in parts]))
+        yb = torch.from_numpy(np.concatenate([y for _, y in parts]))
+        losses = tricks.label_smoothing_loss(model(xb), yb, config.label_smoothing)
+        leader["all_losses"].append(losses.detach().double().numpy())
+        opt.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        opt.step()
+        schedule.step()
+        after.append(params(model))
+    return after, ema, leader
+
+
+def replay_leader(outs, config):
+    """What the leader's own forward passes give, replayed from rank 0's parameters before
+    each step on its minibatch alone (training mode, one ghost batch): the examples' losses
+    of each step and the model's buffers (BatchNorm running statistics) after each step, which
+    the EMA model copies.
+
+    Returns:
+        dict: ``losses`` (per step, an array), ``buffers`` (``[s]``: after ``s`` steps),
+        ``all_losses`` (filled by :func:`replay`: per step, every rank's examples' losses).
+    """
+    model, before = _start(outs, config)
+    names = dict(model.named_parameters())
+    buffers = [{k: v.clone() for k, v in model.state_dict().items() if k not in names}]
+    losses = []
+    with torch.no_grad():
+        for step, (xb, yb) in enumerate(e for epoch in outs[0]["epochs"] for e in epoch):
+            _load(model, before[step])
+            out = model(torch.from_numpy(xb))
+            losses.append(tricks.label_smoothing_loss(out, torch.from_numpy(yb),
+                                                      config.label_smoothing).double().numpy())
+            buffers.append({k: v.clone() for k, v in model.state_dict().items()
+                            if k not in names})
+    return dict(losses=losses, buffers=buffers, all_losses=[])
+
+
+def replay_ema(outs, config, lag=0, buffers=None):
+    """The EMA model's parameters: built from rank 0's starting model and updated with rank
+    0's parameters after steps ``ema_every``, ``2 * ema_every``, ... (``lag`` 1: with those
+    before each of these steps, i.e. one step behind). With ``buffers`` (rank 0's after each
+    step, :func:`replay_leader`) the EMA copies them too, and the result is ``(parameters,
+    [the EMA model's state at the end of each epoch])``."""
+    model, states = _start(outs, config)             # states[s]: after step s
+    steps = len(outs[0]["epochs"][0])
     ema, current = ORIGINAL["EMA"](model, config.ema_momentum), copy.deepcopy(model)
-    for step in range(config.ema_every, len(states), config.ema_every):
-        _load(current, states[step - lag])
-        ema.update(current)
-    return params(ema.model)
+    ends = []
+    for step in range(1, len(states)):
+        if step % config.ema_every == 0 and step - lag >= 0:
+            _load(current, states[step - lag])
+            if buffers is not None:
+                current.load_state_dict(buffers[step - lag], strict=False)
+            ema.update(current)
+        if buffers is not None and steps and step % steps == 0:
+            ends.append(copy.deepcopy(ema.model))
+    return (params(ema.model), ends) if buffers is not None else params(ema.model)
 
 
 def _load(model, arrays):
@@ -216,7 +260,8 @@ def _load(model, arrays):
 
 def _check_step(run):
     name, world, config, outs = run
-    want, outs[0]["replayed_ema"] = replay(outs, config)
+    want, (outs[0]["replayed_ema"], outs[0]["ema_ends"]), outs[0]["leader"] = replay(outs,
+                                                                                    config)
     total = len(want)
     for step, expected in enumerate(want):
         for rank, out in enumerate(outs):
@@ -295,3 +340,79 @@ def _check_returns(run):
                                   f"one record per epoch on the leader (history.append("
                                   f"runner.epoch_record(...)) after validating) and none on "
                                   f"the other ranks")
+
+
+def _records(run):
+    """The leader's epoch records (``_check_returns`` made sure there is one per epoch)."""
+    return run[3][0]["summary"]["epochs"]
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+
+
+def _check_loss(run):
+    """Each epoch record's training loss: the mean loss per example of rank 0's minibatches
+    of that epoch, as the judge's replay computes it (from rank 0's parameters before each
+    step); the mean over every rank's minibatches passes too."""
+    name, _, _, outs = run
+    leader, steps = outs[0]["leader"], len(outs[0]["epochs"][0])
+    for epoch, record in enumerate(_records(run)):
+        part = slice(epoch * steps, (epoch + 1) * steps)
+        mine = np.concatenate(leader["losses"][part])
+        every = np.concatenate(leader["all_losses"][part])
+        want, got = mine.mean(), record.get("train_loss")
+        if _number(got) and any(abs(got - w) <= 1e-4 * abs(w) + 1e-6
+                                for w in (want, every.mean())):
+            continue
+        hint = ""
+        if _number(got):
+            for value, what in ((mine.sum(), "the sum over the epoch (loss_sum), not divided by "
+                                             "seen"),
+                                (mine.sum() / steps, "the mean per minibatch (divided by the "
+                                                     "minibatches, not by the examples seen)"),
+                                (leader["losses"][part][-1].mean(), "the last minibatch's "
+                                                                    "alone")):
+                if abs(got - value) <= 1e-4 * abs(value) + 1e-6:
+                    hint = f" {got:.6g} is {what}."
+        fail("train-loss", f"run with {name}: the leader's record of epoch {epoch + 1} has "
+                           f"training loss {got!r}; expected {want:.6g}, the loss per example "
+                           f"of rank 0's {steps} minibatches of that epoch (the checker "
+                           f"recomputed it from the minibatches and parameters rank 0 trained "
+                           f"with).{hint} Each epoch's record holds the training loss per "
+                           f"example of rank 0's minibatches: history.append("
+                           f"runner.epoch_record(epoch, seconds, loss_sum / seen, accuracy))")
+
+
+def _accuracy_range(model, x, y):
+    """The accuracies ``T.evaluate(model, x, y)`` can give, as (low, high): the examples
+    whose true class wins or loses by a hair (within rounding of the replay) count either
+    way."""
+    model.eval()
+    with torch.no_grad():
+        logits = (model(x) + model(x.flip(3))).double()
+    true = logits.gather(1, y.view(-1, 1)).squeeze(1)
+    others = logits.scatter(1, y.view(-1, 1), float("-inf")).max(1).values
+    margin, tol = true - others, 2e-5 * max(1.0, float(logits.abs().max()))
+    return float((margin > tol).sum()) / len(y), float((margin >= -tol).sum()) / len(y)
+
+
+def _check_accuracy(run):
+    """Each epoch record's validation accuracy: what the EMA model at the end of that epoch
+    (the judge's replay: parameters and copied buffers) scores on the test set the judge
+    loads itself."""
+    name, _, config, outs = run
+    test = runner.load_data(config, "test", verbose=False)
+    for epoch, (record, model) in enumerate(zip(_records(run), outs[0]["ema_ends"])):
+        low, high = _accuracy_range(model, test.x, test.y)
+        got = record.get("val_acc")
+        if _number(got) and low - 1e-9 <= got <= high + 1e-9:
+            continue
+        want = f"{low:.4g}" if high == low else f"between {low:.4g} and {high:.4g}"
+        fail("train-accuracy", f"run with {name}: the leader's record of epoch {epoch + 1} "
+                               f"has validation accuracy {got!r}; the EMA model at the end of "
+                               f"that epoch scores {want} on the test set ({len(test.y)} "
+                               f"images: the checker evaluated it). The leader validates on "
+                               f"the test set (test_set, which the given code loads for the "
+                               f"leader): accuracy = T.evaluate(ema.model, test_set.x, "
+                               f"test_set.y), never on training data")

@@ -12,7 +12,10 @@ GPU per rank, simulated): ``rp-train`` (train called, in a group of the right ra
 ``rp-store``, ``rp-group``, ``rp-timeout``, ``rp-backend``, ``rp-barrier``, ``rp-destroy``,
 ``rp-return``, ``rp-raise``. Cases of ``train`` (each verified on every run: 2, 3 and 1 ranks,
 ``ema_every`` 2, 2 and 3): ``train-counts``, ``train-slices``, ``train-init``, ``train-step``,
-``train-leader``, ``train-ema``, ``train-validates``, ``train-returns``.
+``train-leader``, ``train-ema``, ``train-validates``, ``train-returns``, ``train-loss`` (each
+epoch record's training loss against the judge's replay of rank 0's minibatches),
+``train-accuracy`` (each epoch record's accuracy against the judge's own evaluation of the
+replayed EMA model on the test set).
 
 Used in 04_resnet_cifar_data_parallel.
 """
@@ -86,6 +89,11 @@ CONTRACT = {
                "after `opt.step()`)", cases=("train-ema",)),
         Clause("validates", "validates the EMA model, not the trained one, once per epoch.",
                cases=("train-validates",)),
+        Clause("test-set", "It validates on the test set (`test_set`, which the given code "
+               "loads for the leader)", cases=("train-accuracy",)),
+        Clause("record", "each epoch's record holds that accuracy and the training loss per "
+               "example of rank 0's minibatches (`loss_sum / seen`).",
+               cases=("train-loss", "train-accuracy")),
         Clause("returns", "dict: on every rank the data sizes and minibatch counts; on the "
                "leader also one record per epoch (time, training loss, validation accuracy of "
                "the EMA model).", cases=("train-returns",)),

@@ -305,4 +305,19 @@ FLAWS = [
          expect="expected the EMA model (ema.model) once per epoch",
          patch=(("            accuracy = T.evaluate(ema.model, test_set.x, test_set.y)\n",
                  "            accuracy = T.evaluate(model, test_set.x, test_set.y)\n"),)),
+    Flaw("train", "validates_on_train_slice", clause="test-set", case="train-accuracy",
+         why="the leader validates the EMA model once per epoch, but on its own training slice "
+             "(x_local, y_local) instead of the test set: the accuracy it logs is a training "
+             "accuracy.",
+         expect="The leader validates on the test set",
+         patch=(("            accuracy = T.evaluate(ema.model, test_set.x, test_set.y)\n",
+                 "            accuracy = T.evaluate(ema.model, x_local, y_local)\n"),)),
+    Flaw("train", "log_loss_sum", clause="record", case="train-loss",
+         why="records the epoch's summed loss (loss_sum) instead of the loss per example "
+             "(loss_sum / seen) in the leader's epoch record.",
+         expect="is the sum over the epoch (loss_sum), not divided by seen",
+         patch=(("            history.append(runner.epoch_record(epoch, seconds, loss_sum / seen, "
+                 "accuracy))\n",
+                 "            history.append(runner.epoch_record(epoch, seconds, loss_sum, "
+                 "accuracy))\n"),)),
 ]
