@@ -180,6 +180,23 @@ def _check_layers(size, res):
                 fail("tp-layers", f"with {size} ranks, rank {rank}: {method}"
                                   f" changed the block it was given ({_describe(name)}): build "
                                   "the shards from copies and leave the block as it was")
+        for name, kind, _, _ in BLOCKS:
+            result = out["blocks"][name]
+            shared, grads = result.get("source_shared", []), result.get("source_grads", [])
+            if shared or grads:
+                method, arg = (("ParallelMLP.from_mlp", "mlp") if kind == "mlp" else
+                               ("ParallelAttention.from_attention", "attn"))
+                did = " and ".join(
+                    ([f"multiplying every parameter of the parallel block by 1.25 in place "
+                      f"changed the block's {', '.join(shared)} too"] if shared else [])
+                    + ([f"the parallel block's backward gave the block's {', '.join(grads)} a "
+                        f"gradient"] if grads else []))
+                fail("tp-layers", f"with {size} ranks, rank {rank}: the parallel block "
+                                  f"{method} built shares parameters with the block it was "
+                                  f"given ({_describe(name)}): {did}. `{arg}` itself is left "
+                                  f"as it is: every shard is a copy (from_linear's), even the "
+                                  f"row-parallel bias that every rank holds whole; never reuse "
+                                  f"the block's own Parameters")
         allowed = layers.get("allowed", {})
         if "raised" in allowed:
             fail("tp-layers", f"with {size} ranks, rank {rank}: ParallelMLP.from_mlp on an MLP "

@@ -11,7 +11,10 @@ named with ``ctx.case`` before it runs: the judge's reference block
 from ``(out * upstream).sum()``; the collectives of the forward and of the backward are
 recorded separately (:class:`~exercise_utils.recorder.Recorder`). Returned as plain data: the
 output, the gradient of ``x``, this rank's gradient of every parameter the contract names
-(``None`` where it has none, ``"missing"`` where the attribute does not exist) and the events.
+(``None`` where it has none, ``"missing"`` where the attribute does not exist), the events, and
+whether the reference block was left as it was: by the wrapping, by the in-place update of the
+parallel block (a shard that is one of the block's own Parameters changes with it) and by the
+backward pass (no gradient may reach the block's parameters).
 
 Used in 10_bonus_model_parallel.
 """
@@ -42,11 +45,15 @@ def _run_block(student, rec, kind, dtype, causal, salts, public, rows):
     with torch.no_grad():            # every shard changes after the wrapping (the judge's
         for q in par.parameters():   # reference too): a copy of the block kept aside is stale
             q.mul_(SCALE)
+    # ... and the block given to from_mlp / from_attention must not change with it: a shard
+    # that is one of the block's own Parameters (its bias reused, not copied) changes it
+    shared = sorted(k for k, v in block.state_dict().items() if not torch.equal(v, before[k]))
     rec.take()
     out = par(x)
     forward = rec.take()
     (out * upstream).sum().backward()
     backward = rec.take()
+    source_grads = sorted(n for n, q in block.named_parameters() if q.grad is not None)
     grads, missing = {}, []
     for name, _ in PARAMS[kind]:
         p = _attr(par, name)
@@ -57,7 +64,7 @@ def _run_block(student, rec, kind, dtype, causal, salts, public, rows):
     return {"out": out.detach().double().numpy().copy(), "out_dtype": str(out.dtype),
             "x_grad": None if x.grad is None else x.grad.double().numpy().copy(),
             "grads": grads, "missing": missing, "forward": forward, "backward": backward,
-            "source_kept": source_kept}
+            "source_kept": source_kept, "source_shared": shared, "source_grads": source_grads}
 
 
 def _f_and_g(student, rank, size, salt):

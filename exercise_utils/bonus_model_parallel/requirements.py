@@ -33,6 +33,8 @@ CONTRACT = {
         Clause("copy", "This rank's shard of ``linear`` (a copy, of its dtype; the new "
                "parameters require grad;", cases=("tp-layers",)),
         Clause("leave-source", "``linear`` itself is left as it is", cases=("tp-layers",)),
+        Clause("leave-mlp", "``mlp`` itself is left as it is", cases=("tp-layers",)),
+        Clause("leave-attention", "``attn`` itself is left as it is", cases=("tp-layers",)),
         Clause("not-divisible", "`ValueError` from each of the four `from_*` methods when the "
                "split width does not divide by N", cases=("tp-layers",)),
         Clause("hidden-width", "the hidden width ``h`` not divisible by N.",

@@ -137,6 +137,29 @@ FLAWS = [
          patch=((ROW_FORWARD, "        y = ReduceFromParallel.apply(F.linear(x.float(), "
                               "self.weight.float()))\n"
                               "        return y if self.bias is None else y + self.bias\n"),)),
+    Flaw("tensor_parallel", "mlp_reuses_fc2_bias", clause="leave-mlp", case="tp-layers",
+         why="every rank holds fc2's whole bias, so from_mlp hands the parallel fc2 the MLP's "
+             "own bias Parameter instead of a copy: updating the parallel block changes the "
+             "MLP it was built from, and its backward writes the MLP's bias.grad.",
+         expect="`mlp` itself is left as it is",
+         patch=(("        return cls(ColumnParallelLinear.from_linear(mlp.fc1), "
+                 "copy.deepcopy(mlp.act),\n"
+                 "                   RowParallelLinear.from_linear(mlp.fc2))\n",
+                 "        fc2 = RowParallelLinear.from_linear(mlp.fc2)\n"
+                 "        fc2.bias = mlp.fc2.bias       # whole on every rank: nothing to cut\n"
+                 "        return cls(ColumnParallelLinear.from_linear(mlp.fc1), mlp.act, "
+                 "fc2)\n"),)),
+    Flaw("tensor_parallel", "attention_reuses_o_bias", clause="leave-attention",
+         case="tp-layers",
+         why="from_attention builds o with from_linear, then sets its bias to attn.o.bias (the "
+             "same Parameter, not a copy): updating the parallel block changes attn.",
+         expect="`attn` itself is left as it is",
+         patch=(("        return cls(col(attn.q), col(attn.k), col(attn.v), "
+                 "RowParallelLinear.from_linear(attn.o),\n",
+                 "        o = RowParallelLinear.from_linear(attn.o)\n"
+                 "        if attn.o.bias is not None:\n"
+                 "            o.bias = attn.o.bias\n"
+                 "        return cls(col(attn.q), col(attn.k), col(attn.v), o,\n"),)),
     # ------------------------------------------------------------------ schedules
     Flaw("schedules", "gpipe_interleaved", clause="gpipe", case="schedule-gpipe",
          why="runs each micro-batch's backward right after its forward: no pipelining at all.",
