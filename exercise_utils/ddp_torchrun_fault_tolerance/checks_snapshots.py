@@ -8,7 +8,9 @@ A. uninterrupted, a snapshot every epoch: written by rank 0 alone, to a temporar
    snapshot's folder renamed over ``config.snapshot``; each snapshot holds the unwrapped
    model's state_dict, the optimizer (momentum), the scheduler and the counters as they were
    when it was taken, and every rank's random state, entry r for rank r. Then
-   ``load_snapshot`` of a worker on ``cuda:1`` (simulated, :mod:`.simulate`): ``map_location``.
+   ``load_snapshot`` of the worker RANK=3, LOCAL_RANK=1 of 4 on ``cuda:1`` (simulated,
+   :mod:`.simulate`): ``map_location``; after job B (which judges a wrong entry first),
+   that it restores entry 3 of "rng", its rank, not its local rank.
 B. a new job that finds A's snapshot of epoch 1 (as after a crash in the middle of epoch 2);
    rank 0 is killed while it writes the epoch-2 snapshot (half the file written), torchrun
    restarts the job, which resumes from the epoch-1 snapshot again. Every rank loads it with
@@ -26,6 +28,7 @@ from pathlib import Path
 from ..contract import fail
 from ..harness import check
 from .jobs import EPOCHS, RUN, TIMEOUT, require, run_job, steps_per_epoch, worker_errors
+from .simulate import FAKE_RANK
 
 WORKERS = 2
 ARGS = [*RUN, "--save-every", "1", "--dtype", "float64"]
@@ -51,6 +54,7 @@ def check_snapshots(path, timeout=TIMEOUT):
                     restarts=1, timeout=timeout, snapshot=snapshot,
                     partial=lambda job: _failed_b(job, a))
         _check_b(b, a)
+        _check_simulated_rng(a.logs[0, 0]["sim"].get("load"))
 
 
 # ------------------------------------------------------------------ job A: what is written
@@ -185,6 +189,22 @@ def _check_simulated_load(sim):
              f"map_location={sim['map_location']}; expected self.device (cuda:1): every rank "
              "loads onto its own device (None puts the tensors back where they were saved "
              "from, cuda:0 for every rank; 'cpu' only works by accident on a CPU)")
+
+
+def _check_simulated_rng(sim):
+    """The entry of "rng" a worker whose rank is not its local rank restores (simulated: the
+    worker RANK=3, LOCAL_RANK=1 of 4, 2 per node); no verdict when it restored none that
+    could be told (jobs A and B judge the rest)."""
+    if not sim or sim.get("rng_entry") is None or sim["rng_entry"] == FAKE_RANK:
+        return
+    entry = sim["rng_entry"]
+    fail("resume-rng", "Trainer.load_snapshot on the worker RANK=3, LOCAL_RANK=1 of "
+         "WORLD_SIZE=4 (2 workers per node; simulated, with a snapshot whose \"rng\" holds "
+         f"the random states of ranks 0 to 3) restored entry {entry}; expected entry 3, its "
+         "rank: the snapshot holds the random states of EVERY rank and rank r restores entry "
+         "r, r the global rank (self.rank, RANK), not the local rank (LOCAL_RANK, the rank "
+         "on its node, the same as the rank on one node only), or worker 3 takes worker "
+         f"{entry}'s random state: runner.set_rng_state(snapshot['rng'][self.rank])")
 
 
 # ------------------------------------------------------------------ job B: the resumes

@@ -9,8 +9,9 @@ known-wrong file of ``tests/wrong/05_flaws.py``, which names the clause it break
 (``tests/test_requirements.py``, ``tests/test_checks.py``).
 
 The ``setup-*``, ``trainer-gpu-ddp`` and one ``resume-map-location`` case judge the GPU paths,
-simulated on the CPU (:mod:`.simulate`); the ``resume-*`` cases compare each rank's state when
-an epoch starts after a resume with the uninterrupted run's at the same point.
+and one ``resume-rng`` case the entry a worker of a second node restores (rank, not local
+rank), simulated on the CPU (:mod:`.simulate`); the ``resume-*`` cases compare each rank's state
+when an epoch starts after a resume with the uninterrupted run's at the same point.
 
 Used in 05_ddp_torchrun_fault_tolerance.
 """

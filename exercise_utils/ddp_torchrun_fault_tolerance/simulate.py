@@ -13,7 +13,7 @@ for the judge (:mod:`.checks`, :mod:`.checks_snapshots`):
 * :func:`simulate_init`: ``Trainer(...)`` on ``cuda:1`` (where the model was moved, DDP's
   ``device_ids``);
 * :func:`simulate_load`: ``Trainer.load_snapshot`` on ``cuda:1`` (``torch.load``'s
-  ``map_location``), stopped at the load.
+  ``map_location``; which entry of a 4-worker snapshot's "rng" worker 3 restores).
 
 Used in 05_ddp_torchrun_fault_tolerance.
 """
@@ -26,10 +26,6 @@ from types import SimpleNamespace
 FAKE_ENV = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
             "GROUP_RANK": "1"}         # worker 3 of 4, the second on the second node
 FAKE_RANK, FAKE_LOCAL, FAKE_WORLD = 3, 1, 4
-
-
-class _Stop(Exception):
-    """Raised by the recording ``torch.load`` of :func:`simulate_load`: nothing is loaded."""
 
 
 @contextlib.contextmanager
@@ -166,29 +162,77 @@ def location(where):
     return str(where)
 
 
+class _Sink:
+    """Stands for the model, its module, the optimizer and the scheduler of the simulated
+    trainer: every method call (``load_state_dict``, ...) is accepted and does nothing."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def _rng_entries(count):
+    """``count`` random states as ``runner.rng_state()`` returns them, entry i told apart by
+    its torch state (a generator seeded with 7919 + i)."""
+    import random
+
+    import numpy as np
+    import torch
+    return [{"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.Generator().manual_seed(7919 + i).get_state()}
+            for i in range(count)]
+
+
 def simulate_load(student, config):
     """Call ``student.Trainer.load_snapshot`` on a trainer of the worker of :data:`FAKE_ENV`
-    whose device is ``cuda:1`` (simulated), up to its ``torch.load`` of ``config.snapshot``,
-    which is recorded and not run.
+    whose device is ``cuda:1`` (simulated). Its ``torch.load`` of ``config.snapshot`` is
+    recorded and returns a made-up snapshot of a job of 4 workers, whose "rng" holds 4 random
+    states told apart; the model, optimizer and scheduler accept any state, and
+    ``runner.set_rng_state`` records which entry it was given (a state restored by hand, e.g.
+    ``torch.set_rng_state``, is recognised by the torch generator's state). This process's
+    random states are put back afterwards.
 
     Returns:
-        dict: "map_location" (as a string; a dict's values joined), or "error".
+        dict: "map_location" (as a string; a dict's values joined), "rng_entry" (the index
+        of the entry restored, None if none was), and "error" where it raised.
     """
     import torch
-    found = {}
+    from . import runner
+    found, entries = {}, _rng_entries(FAKE_WORLD)
+    snapshot = {"model": {}, "optimizer": {}, "scheduler": {}, "epochs_run": 1, "step": 8,
+                "rng": entries}
+    restored = []
 
     def load(f, *args, **kwargs):
         found["map_location"] = location(kwargs.get("map_location", args[0] if args else None))
-        raise _Stop()
+        return snapshot
+
+    def set_rng_state(state):
+        restored.append(next((i for i, e in enumerate(entries) if state is e), None))
+        if restored[-1] is None and isinstance(state, dict):       # a copy of an entry?
+            restored[-1] = next((i for i, e in enumerate(entries)
+                                 if torch.is_tensor(state.get("torch"))
+                                 and torch.equal(state["torch"].cpu(), e["torch"])), None)
     trainer = object.__new__(student.Trainer)
+    model = _Sink()
+    model.module = _Sink()
     vars(trainer).update(config=config, rank=FAKE_RANK, local_rank=FAKE_LOCAL,
                          world_size=FAKE_WORLD, device=torch.device("cuda", FAKE_LOCAL),
-                         model=SimpleNamespace(module=None), optimizer=None, scheduler=None)
-    with _faked(student, {(torch, "load"): load}, cuda=True):
-        try:
-            student.Trainer.load_snapshot(trainer)
-        except _Stop:
-            pass
-        except Exception as exc:  # noqa: BLE001 - reported by the checker
-            return {**found, "error": f"{type(exc).__name__}: {exc}"}
-    return found or {"error": "load_snapshot returned without calling torch.load"}
+                         model=model, optimizer=_Sink(), scheduler=_Sink(), epochs_run=0,
+                         step=0)
+    saved = runner.rng_state()
+    try:
+        with _faked(student, {(torch, "load"): load,
+                              (runner, "set_rng_state"): set_rng_state}, cuda=True):
+            try:
+                student.Trainer.load_snapshot(trainer)
+            except Exception as exc:  # noqa: BLE001 - reported by the checker
+                found["error"] = f"{type(exc).__name__}: {exc}"
+        if not restored:         # restored by hand? the torch generator tells which entry
+            now = torch.get_rng_state()
+            restored = [i for i, e in enumerate(entries) if torch.equal(now, e["torch"])]
+    finally:
+        runner.set_rng_state(saved)
+    if "map_location" not in found:
+        return {"error": found.get("error", "load_snapshot returned without calling "
+                                            "torch.load")}
+    return {**found, "rng_entry": restored[-1] if restored else None}

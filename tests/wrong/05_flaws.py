@@ -287,6 +287,15 @@ FLAWS = [
          why="every rank restores entry 0 of the random states (rank 0's).",
          expect="random state differs from rank 1's",
          patch=((SET_RNG, '        runner.set_rng_state(snapshot["rng"][0])\n'),)),
+    Flaw("snapshots", "rng_by_local_rank", clause="rng", case="resume-rng",
+         why="keeps local_rank in the trainer and restores entry self.local_rank: the same as "
+             "the rank on one node, but on a second node worker 3 takes worker 1's state.",
+         expect="rank r restores entry r",
+         patch=(("        self.config, self.rank, self.world_size, self.device = config, rank, "
+                 "world_size, device\n",
+                 "        self.config, self.rank, self.world_size, self.device = config, rank, "
+                 "world_size, device\n        self.local_rank = local_rank\n"),
+                (SET_RNG, '        runner.set_rng_state(snapshot["rng"][self.local_rank])\n'))),
     Flaw("snapshots", "rng_torch_only", clause="restore", case="resume-rng",
          why="restores only torch's generator from this rank's entry (dropout uses it), not "
              "Python's and NumPy's.",
