@@ -190,9 +190,8 @@ def _hang_message(what, backend, world_size, reports, report, path):
     if cycle:
         calls = {rank: (call, peer) for rank, call, peer in waits}
         cause = ("hung: a point-to-point deadlock: "
-                 + ", ".join(f"rank {r} waits in {calls[r][0]} "
-                             f"{'to' if calls[r][0] in heartbeat.SENDS else 'from'} rank "
-                             f"{calls[r][1]}" for r in cycle)
+                 + ", ".join(f"rank {r} waits in {calls[r][0]} {heartbeat.toward(*calls[r])}"
+                             for r in cycle)
                  + ": each waits for the next (a blocking send waits until the other side "
                  "has posted its receive). Post the receives with irecv before waiting on "
                  "anything, or order the sends and receives so that one side receives first.")
@@ -204,8 +203,7 @@ def _hang_message(what, backend, world_size, reports, report, path):
                  "for this one?).")
     elif waits and all(s.get("comm") in heartbeat.P2P for s in report if s.get("comm")):
         cause = ("hung: " + ", ".join(
-            f"rank {r} waits in {call} {'to' if call in heartbeat.SENDS else 'from'} rank "
-            f"{peer}" for r, call, peer in waits)
+            f"rank {r} waits in {call} {heartbeat.toward(call, peer)}" for r, call, peer in waits)
             + ", and nothing will come: every send needs its receive posted on the other "
             "side, with the same tag.")
     else:

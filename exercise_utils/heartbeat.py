@@ -291,8 +291,7 @@ def describe(report, path=None):
         call = f" inside {s['comm']}" if s.get("comm") else ""
         if s.get("peer"):
             peer, tag = s["peer"]
-            call += (f" {'to' if s['comm'] in SENDS else 'from'} rank {peer}"
-                     + (f" (tag {tag})" if tag is not None else ""))
+            call += f" {toward(s['comm'], peer)}" + (f" (tag {tag})" if tag is not None else "")
         if s.get("spinning"):
             where = (f"line{'s' * (len(s['spinning']) > 1)} "
                      f"{', '.join(map(str, s['spinning']))} ({s['student'][1]}) of "
@@ -305,6 +304,12 @@ def describe(report, path=None):
                  else "busy")
         lines.append(f"rank {s['rank']}: {state} at {where}{call} [{s['phase']}]")
     return lines
+
+
+def toward(call, peer):
+    """``"to rank 1"`` for a send, ``"from rank 1"`` for a receive: a point-to-point call's
+    peer in a hang report."""
+    return f"{'to' if call in SENDS else 'from'} rank {peer}"
 
 
 def wait_for(report):
