@@ -35,6 +35,7 @@ from pathlib import Path
 
 PERIOD = 0.5             # seconds between beats
 IDLE_CPU = 0.03          # CPU-seconds per second below which a rank is not computing
+CPU_WINDOW = 4.0         # seconds over which that rate is measured (see Watch._state)
 COMM_MODULES = ("torch/distributed/", "mpi4py")   # frames that mean "in communication"
 STARTING = ("start", "init")   # phases that are never a hang: imports, forming the group
 SPIN_LINES = 3           # a rank that stays on this many lines of its own code at most "spins"
@@ -194,14 +195,17 @@ class Watch:
         states = [self._state(r, now) for r in waiting]
         if not states or any(s is None for s in states):
             return None
-        still = [now - s["moved"] >= self.hang_after for s in states]
-        spins = [s["spin"] is not None and now - s["spin"]["since"] >= self.hang_after
-                 for s in states]
+        # (a beat is up to PERIOD old when read: a rank that sleeps exactly hang_after
+        # seconds, then goes on, is seen still for at most that long, and is not a hang)
+        after = self.hang_after + PERIOD
+        still = [now - s["moved"] > after for s in states]
+        spins = [s["spin"] is not None and now - s["spin"]["since"] > after for s in states]
         # a hang: every rank stands still, or some spin on a few lines of the student's file
         # while the others stand still (they wait for each other; an endless loop with no rank
         # waiting is left to the wall limit)
         if all(still) or (any(still) and all(a or b for a, b in zip(still, spins))):
-            return ("hang", [{**{k: v for k, v in s.items() if k != "spin"}, "rank": r,
+            return ("hang", [{**{k: v for k, v in s.items() if k not in ("spin", "hist")},
+                              "rank": r,
                               "still": now - s["moved"],
                               "spinning": None if st else sorted(s["spin"]["lines"])}
                              for r, s, st in zip(waiting, states, still)])
@@ -228,13 +232,20 @@ class Watch:
         if beat is None:
             return None
         old = self.seen.get(rank)
+        # CPU over the last CPU_WINDOW seconds, not since the last look: a blip of a few tens
+        # of milliseconds (the interpreter's or gloo's own threads waking once) in a rank that
+        # sleeps is not computing, and used to restart its clock (a hang seen at 120 s, not 60)
+        hist = [(t, c) for t, c in (old or {}).get("hist", ()) if now - t <= CPU_WINDOW]
+        if old is not None and old.get("pid") != beat["pid"]:
+            hist = []
+        hist.append((now, beat["cpu"]))
         cpu_moved = old is not None and not self.spinning and (
-            beat["cpu"] - old["cpu"] > IDLE_CPU * max(now - old["t"], PERIOD))
+            beat["cpu"] - hist[0][1] > IDLE_CPU * CPU_WINDOW)
         spin = _spin(old, beat, now)
         if (old is None or beat["pos"] != old["pos"] or beat["phase"] != old["phase"]
                 or cpu_moved or beat["pid"] != old["pid"] or beat["phase"] in STARTING):
             old = {"moved": now}
-        self.seen[rank] = {**beat, "moved": old["moved"], "t": now, "spin": spin}
+        self.seen[rank] = {**beat, "moved": old["moved"], "t": now, "spin": spin, "hist": hist}
         return self.seen[rank]
 
     def _read(self, rank):
