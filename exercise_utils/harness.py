@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cluster, heartbeat, hosts, integrity, launch, plaindata, sandbox, zygote
+from . import cluster, heartbeat, hosts, integrity, launch, limits, plaindata, sandbox
+from . import zygote
 from . import processes
 from .processes import TAG, kill_processes, tagged_processes
 from .contract import CheckFailure
@@ -107,6 +108,8 @@ def _run_ranks(path, probe, world_size, backend, kwargs, timeout, what, limit, w
         launches.append((what, world_size, backend))
     if not path.is_file():
         raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it first.")
+    found = limits.current() if sandbox.policy() is not None else None
+    limit, cut = launch_limit(limit, what, case)
     pool = _pool(world_size) if hosts.wanted() else None
     with _launch_folder(pool) as tmp:
         blob = pickle.dumps(kwargs or {})                    # judge -> rank only (plaindata: back)
@@ -134,6 +137,13 @@ def _run_ranks(path, probe, world_size, backend, kwargs, timeout, what, limit, w
                                                spinning=backend == "mpi",
                                                reported=lambda: _written(folders)),
                                what, world_size, backend)
+        if found:
+            places = ([pool.root / f"h{r}" / "w" for r in range(world_size)] if pool is not None
+                      else [Path(tmp)] * world_size)
+        before = pool.limit_events(world_size, arm=True) if pool is not None and found else None
+        if found:
+            watch = _within_limits(watch, places, found, path, before and (
+                lambda: pool.limit_events(world_size)))
         try:
             try:
                 if pool is not None:
@@ -147,6 +157,15 @@ def _run_ranks(path, probe, world_size, backend, kwargs, timeout, what, limit, w
                     _launch(worker_args, world_size, backend, limit, what, watch)
             finally:
                 watch.close()           # the progress line: gone, however the launch ended
+                if found and not isinstance(sys.exc_info()[1], launch.LaunchLimit):
+                    # what the ranks left in their folders; what the kernel stopped (cgroups)
+                    hit = _disk_hit(places, found, watch, path) or (
+                        before is not None and _kernel_hits(
+                            before, pool.limit_events(world_size), found, watch, path, pool))
+                    if hit:
+                        raise CheckFailure(hit, case)
+        except launch.LaunchLimit as err:
+            raise CheckFailure(f"{what}: {err.line}", case) from None
         except launch.LaunchHang as err:
             reports = _reports(folders, keys, copies, path)
             _raise_student_errors(reports, path, case)
@@ -161,6 +180,8 @@ def _run_ranks(path, probe, world_size, backend, kwargs, timeout, what, limit, w
                    "computing (a rank below made no progress: it waits for a message or a "
                    "collective that never comes)?")
             seen = "\n  ".join(lines)
+            if cut:
+                raise CheckFailure(f"{_out_of_time(what, found)} {why}\n  {seen}", case) from None
             raise CheckFailure(
                 f"{what} was still running after {limit} s with {world_size} {backend} "
                 f"processes and kept making progress, so all were stopped: {why}"
@@ -179,6 +200,125 @@ def _run_ranks(path, probe, world_size, backend, kwargs, timeout, what, limit, w
             raise CheckFailure(f"rank {missing[0]} finished without reporting a result "
                                f"(did your code call sys.exit or MPI Finalize?)", case)
         return [reports[r]["value"] for r in range(world_size)]
+
+
+def launch_limit(limit, what, case=None):
+    """Seconds a launch of the check running now may take: ``limit``, or at grading less
+    where the check's time (:mod:`.limits`) ends sooner. Raises CheckFailure when that time
+    is up already. Returns ``(seconds, cut)``: ``cut`` says the check's time set them."""
+    if _DEADLINE[0] is None:
+        return limit, False
+    left = _DEADLINE[0] - time.monotonic()
+    found = limits.current() or limits.DEFAULTS
+    if left < 1:
+        raise CheckFailure(_out_of_time(what, found), case)
+    return min(limit, max(1, int(left))), left < limit
+
+
+def _output_limit():
+    """Bytes of output a check's launch may print at grading (:mod:`.limits`), else None."""
+    found = limits.current() if sandbox.policy() is not None else None
+    return found["output"] if found else None
+
+
+def _out_of_time(what, found):
+    """The verdict of a check that used up its time at grading (:mod:`.limits`)."""
+    return (f"{what} was still running when this check's time ran out: a grading limit "
+            f"(check={found['check']:g} s for the whole check, below the notebook's cell "
+            "timeout), so every rank was stopped. Correct code needs a small part of it:")
+
+
+def _where(seen, rank, path):
+    """``"in shard_bounds (line 12 of zero.py)"``: where ``rank`` was at the watch's last
+    look (its beat), or ""."""
+    s = (seen or {}).get(rank) or {}
+    if s.get("student"):
+        line, func = s["student"]
+        return f"in {func} (line {line} of {Path(path).name})"
+    return ""
+
+
+def _within_limits(watch, places, found, path, events=None):
+    """``watch`` that also stops the launch, looking once a second, once a rank's folder
+    (``places[r]``, on the judge's side of the sandbox) holds more than the disk limit, or
+    the kernel stopped something on a rank's host (``events``: a callable returning
+    :meth:`.hosts.Pool.limit_events`, whose first answer is the launch's start)."""
+    state = {"next": 0.0, "start": events() if events else None}
+
+    def watching():
+        now = time.monotonic()
+        if now >= state["next"]:
+            state["next"] = now + 1.0
+            hit = _disk_hit(places, found, watch, path)
+            if hit:
+                return ("limit", hit)
+            if events is not None:
+                hit = _kernel_hits(state["start"], events(), found, watch, path)
+                if hit:
+                    return ("limit", hit)
+        return watch()
+    watching.seen, watching.summary, watching.close = watch.seen, watch.summary, watch.close
+    return watching
+
+
+def _disk_hit(places, found, watch, path):
+    """The verdict for the first rank whose folder holds more than the disk limit (and the
+    MiB the judge's own files there may take: beats, reports), or None."""
+    for r, place in enumerate(places):
+        if _bytes_in(place, found["disk"] + (1 << 20)) > found["disk"] + (1 << 20):
+            return limits.verdict(r, "disk", found["disk"], _where(watch.seen, r, path))
+    return None
+
+
+def _bytes_in(folder, stop):
+    """Bytes of the files under ``folder`` (their sizes; counting stops past ``stop``)."""
+    total, todo = 0, [str(folder)]
+    while todo and total <= stop:
+        try:
+            with os.scandir(todo.pop()) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            todo.append(entry.path)
+                        else:
+                            total += entry.stat(follow_symlinks=False).st_size
+                    except OSError:
+                        pass
+        except OSError:
+            pass
+    return total
+
+
+def _strays(pool, size):
+    """``{host: count}`` of processes a launch's ranks left running outside their zygote's
+    tree (:meth:`.hosts.Pool.strays`) a second after it ended (slow exits are let end)."""
+    end = time.monotonic() + 1.0
+    left = pool.strays(size)
+    while left and time.monotonic() < end:
+        time.sleep(0.1)
+        left = pool.strays(size)
+    return {h: len(procs) for h, procs in left.items()}
+
+
+def _kernel_hits(before, after, found, watch, path, pool=None):
+    """The verdict for the first rank the kernel stopped on its host during a launch (its
+    cgroup: memory, processes), read from outside every sandbox, or that left a process
+    running after it (a daemon); or None."""
+    left = getattr(pool, "left", None) or {}
+    if pool is not None:
+        pool.left = {}
+    for r, (old, new) in enumerate(zip(before, after)):
+        if old is None or new is None:
+            continue
+        for name in ("memory", "processes"):
+            if new[name] > old[name]:
+                return limits.verdict(r, name, found[name], _where(watch.seen, r, path))
+    for r in sorted(left):
+        return (f"rank {r} left {left[r]} process(es) running after its launch ended (a daemon: "
+                "started in a new session, or cut loose from the rank by a double fork): that "
+                "is a grading limit (daemons=0: every process a rank starts ends with it), so "
+                "it was killed and the check fails. Join or terminate what you start.")
+    return None
 
 
 def _hang_message(what, backend, world_size, reports, report, path):
@@ -248,7 +388,8 @@ def _launch(worker_args, world_size, backend, limit, what, watch):
     if sandbox.weakened("kernel-folder"):
         writable.append(os.getcwd())
     quiet = dict(timeout=limit, echo=False, what=what, watch=watch, writable=writable,
-                 cwd=folder if sandbox.policy() is not None else None)
+                 cwd=folder if sandbox.policy() is not None else None,
+                 output_limit=_output_limit())
     if backend == "mpi":
         cmd = _zygote_command(worker_args, world_size)
     elif _SESSION:
@@ -444,7 +585,7 @@ def _launch_on_hosts(pool, size, backend, copies, kwfiles, folders, common, limi
         before = pool.link_bytes(size)
         try:
             launch.run(cmd, nprocs=size, timeout=limit, echo=False, what=what, watch=watch,
-                       sandboxed=True, env=env)
+                       sandboxed=True, env=env, output_limit=_output_limit())
         except launch.LaunchTimeout:
             raise
         except launch.LaunchError as err:
@@ -455,6 +596,9 @@ def _launch_on_hosts(pool, size, backend, copies, kwfiles, folders, common, limi
                   file=sys.stderr, flush=True)
             continue
         finally:
+            if sandbox.policy() is not None and not sandbox.weakened("strays"):
+                # at grading: what outlived the launch
+                pool.left = _strays(pool, size)
             pool.sweep()
         after = pool.link_bytes(size)
         return {link: after[link] - before[link] for link in after}
@@ -560,6 +704,7 @@ def _session_socket():
 
 
 _CHECKS = []        # the launches of each check running now, outermost first
+_DEADLINE = [None]  # at grading: when the check running now must end (limits: "check")
 _LINE = [None]      # the progress line of the check running now (:class:`.display.Progress`)
 
 
@@ -573,6 +718,9 @@ def check(func):
         from . import display
         start, launches = time.monotonic(), []
         _CHECKS.append(launches)
+        found = limits.current() if sandbox.policy() is not None else None
+        if found and len(_CHECKS) == 1:
+            _DEADLINE[0] = start + float(found["check"])
         try:
             with session():
                 value = func(*args, **kwargs)
@@ -581,6 +729,8 @@ def check(func):
             raise
         finally:
             _CHECKS.pop()
+            if not _CHECKS:
+                _DEADLINE[0] = None
             if not _CHECKS and _LINE[0] is not None:
                 _LINE[0].close()
                 _LINE[0] = None
@@ -765,6 +915,14 @@ def _raise_student_errors(reports, path, case=None):
     rank, rep = errors[0]
     running = rep.get("case") or case
     during = f" in check case '{running}'" if running else ""
+    found = limits.current() if sandbox.policy() is not None else None
+    name = limits.from_error(rep) if found else None
+    if name:
+        where = f"in {rep['where']}" if rep.get("where") else ""
+        value = found["disk" if name == "file" else name]
+        raise CheckFailure(f"{limits.verdict(rank, name, value, where)}\n"
+                           f"rank {rank} raised {rep['type']}{during}: {rep['message']}\n"
+                           f"{rep['traceback']}", running)
     raise CheckFailure(f"rank {rank} raised {rep['type']}{during}: {rep['message']}\n"
                        f"{rep['traceback']}", running)
 

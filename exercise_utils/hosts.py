@@ -48,14 +48,16 @@ import time
 import uuid
 from pathlib import Path
 
-from . import cluster, sandbox
-from .processes import TAG, die_with_parent, kill_processes
+from . import cluster, limits, sandbox
+from .processes import TAG, _is_alive, die_with_parent, kill_processes
 
 OBSERVE = "DTFS_OBSERVE"    # "1": launches on hosts outside grading too (tests, as root); "0": never
 SIZE = 3                    # hosts of a pool at first: the most ranks most checks launch
 PRELOAD = ("numpy", "torch", "torch.distributed", "exercise_utils.rankworker")
 PORT = 29500                # host 0's port for a launch's gloo group (a fresh one per launch)
 START_LIMIT = 300           # seconds a host's zygote may take to import what it preloads
+ZYGOTE_MEMORY = 1 << 30     # at grading, a host's memory: its rank's limit and this (the zygote)
+ZYGOTE_TASKS = 32           # ... its processes and threads: its rank's limit and these
 
 
 def wanted():
@@ -97,6 +99,8 @@ class Pool:
         self.net, self.size, self.launches = None, 0, 0
         self.visible = sandbox.own_install()   # under /tmp, yet in the zygotes' sight
         self.zygotes = {}            # host -> {"proc", "listener", "errors"}
+        self.cgroups = {}            # host -> its limits.Cgroup (at grading, as root)
+        self.peaks = {}              # host -> most tasks above the zygote's, most memory seen
         self._grow(size)
 
     # ------------------------------------------------------------------ hosts and zygotes
@@ -137,12 +141,54 @@ class Pool:
                                     cwd=home / "w")
         errors = self.root / "ctl" / f"{host.name}.err"
         env = {**os.environ, TAG: self.tag, "PYTHONSAFEPATH": "1", "TMPDIR": "/tmp"}
+        group = self._cgroup(h)
+
+        def start():
+            die_with_parent()
+            if group is not None:
+                group.join()
         with open(errors, "ab") as err:
             proc = subprocess.Popen(host.wrap(inner), pass_fds=[fd], env=env,
                                     stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-                                    start_new_session=True, preexec_fn=die_with_parent)
+                                    start_new_session=True, preexec_fn=start)
         listener.close()     # the zygote's now: once it is gone, a connection is refused
         self.zygotes[h] = {"proc": proc, "errors": errors, "sandboxed": sandboxed}
+
+    def _cgroup(self, h):
+        """Host ``h``'s cgroup at grading (:mod:`.limits`: memory and processes bounded by
+        the kernel for everything on the host, its zygote included, which holds about
+        :data:`ZYGOTE_MEMORY` of its own), or None: no limits, or no cgroups here."""
+        found = limits.current()
+        if not found:
+            return None
+        if h not in self.cgroups:
+            group = limits.Cgroup.make(f"h{h}")
+            if group is None:
+                return None
+            group.set(memory=int(found["memory"]) + ZYGOTE_MEMORY,
+                      processes=int(found["processes"]) + ZYGOTE_TASKS)
+            self.cgroups[h] = group
+        return self.cgroups[h]
+
+    def limit_events(self, size, arm=False):
+        """``[{"memory": n, "processes": n} or None for each of the first size hosts]``: what
+        the kernel stopped on each so far (:meth:`.limits.Cgroup.events`). ``arm``: first
+        let each host's processes and threads grow by the limit from what runs there now
+        (its sandbox and zygote, swept of any launch's)."""
+        found = limits.current()
+        for h in range(size):
+            group = self.cgroups.get(h)
+            if group is None:
+                continue
+            tasks, peak = len(group.tasks()), self.peaks.setdefault(h, {"tasks": 0, "memory": 0})
+            if arm and found:
+                peak["base"] = tasks
+                peak["zygote"] = min(peak.get("zygote", 1 << 62), group.anonymous())
+                group.set(processes=tasks + int(found["processes"]))
+            elif "base" in peak:    # (what the solutions need: DTFS_LIMITS_LOG, see close)
+                peak["tasks"] = max(peak["tasks"], tasks - peak["base"])
+                peak["memory"] = max(peak["memory"], group.anonymous())
+        return [self.cgroups[h].events() if h in self.cgroups else None for h in range(size)]
 
     def _zygote(self, h):
         """Host ``h``'s zygote, started anew where the last one is gone."""
@@ -185,6 +231,13 @@ class Pool:
             from .processes import tagged_processes
             kill_processes(tagged_processes(self.tag), grace=0.2)
         finally:
+            log = os.environ.get("DTFS_LIMITS_LOG")
+            if log and self.peaks:        # measuring the solutions' needs (tests/test_limits.py)
+                with open(log, "a") as f:
+                    f.write(json.dumps({"cwd": os.getcwd(), "peaks": self.peaks}) + "\n")
+            for group in self.cgroups.values():
+                group.close()
+            self.cgroups = {}
             if self.net is not None:
                 self.net.down()
                 self.net = None
@@ -281,6 +334,27 @@ class Pool:
                 found[h] = zygote
         return found
 
+    def strays(self, size):
+        """``{host: [psutil processes]}`` left on each of the first ``size`` hosts outside its
+        zygote's tree: what a rank started and cut loose (a daemon: a new session, its parent
+        gone), which outlives its launch; empty hosts left out. Only kills say more."""
+        import psutil
+        zygotes, found = self._zygote_processes(), {}
+        for h in range(size):
+            state, zygote = self.zygotes.get(h), zygotes.get(h)
+            if state is None or zygote is None:
+                continue
+            try:
+                below = psutil.Process(state["proc"].pid).children(recursive=True)
+                keep = {zygote.pid} | {p.pid for p in zygote.children(recursive=True)}
+                keep |= {p.pid for p in zygote.parents()}
+            except psutil.Error:
+                continue
+            left = [p for p in below if p.pid not in keep and _is_alive(p)]
+            if left:
+                found[h] = left
+        return found
+
     def sweep(self):
         """Kill whatever is left running on the hosts (a rank's children, a daemon it
         started), sparing each zygote and the processes above it."""
@@ -291,6 +365,8 @@ class Pool:
                 victims += zygote.children(recursive=True)
             except psutil.Error:
                 pass
+        for left in self.strays(self.size).values():
+            victims += left
         kill_processes(victims, grace=0.2)
 
     def reset(self):

@@ -55,6 +55,27 @@ class LaunchHang(LaunchTimeout):
         self.report = report
 
 
+class LaunchLimit(LaunchError):
+    """A limit at grading was hit (:mod:`.limits`): the watch said so (``("limit", line)``),
+    or the launch printed more than its output limit; all its processes were killed.
+    Attribute ``line``: the verdict, one line."""
+
+    def __init__(self, message, cmd=None, output="", line=""):
+        super().__init__(message, cmd, None, output)
+        self.line = line
+
+
+class LaunchOutput(LaunchLimit):
+    """The launch printed more than its output limit (attribute ``limit``, bytes)."""
+
+    def __init__(self, message, cmd=None, output="", limit=0, line=""):
+        super().__init__(message, cmd, output, line)
+        self.limit = limit
+
+
+KEEP_LINES = 20000     # lines of a launch's output kept (its first and last ones): memory bound
+
+
 @dataclass
 class RunResult:
     """What a finished launch returns: the command, its exit code, output and duration."""
@@ -160,7 +181,7 @@ def _describe(cmd):
 
 
 def _tail(lines, n=40):
-    return "\n".join(lines[-n:])
+    return "\n".join(line if len(line) <= 1000 else line[:1000] + " [...]" for line in lines[-n:])
 
 
 class AgentReport:
@@ -183,18 +204,26 @@ class AgentReport:
         return not self.hiding
 
 
-def _pump(proc, sel, lines, echo, partial, wait, bars=None):
-    """Read whatever output is ready within ``wait`` seconds; return False at EOF. ``echo``:
-    print each line, or a callable that says which lines to print (e.g. :class:`AgentReport`).
-    A rank's progress mark (:class:`.display.Marks`) goes to ``bars`` (a
-    :class:`.display.Bars`), never to the output."""
+def _pump(proc, sel, lines, echo, partial, wait, bars=None, counted=None):
+    """Read whatever output is ready within ``wait`` seconds (up to a few MiB: a rank that
+    prints fast is never left blocked on a full pipe, which would look like a hang); return
+    False at EOF. ``echo``: print each line, or a callable that says which lines to print
+    (e.g. :class:`AgentReport`). A rank's progress mark (:class:`.display.Marks`) goes to
+    ``bars`` (a :class:`.display.Bars`), never to the output. ``counted``: a one-item list,
+    the bytes read so far. Only the first and last :data:`KEEP_LINES` lines are kept."""
     for key, _ in sel.select(timeout=wait):
-        chunk = os.read(key.fd, 65536)
+        chunk = os.read(key.fd, 1 << 20)
         if not chunk:
             sel.unregister(key.fileobj)
             return False
+        if counted is not None:
+            counted[0] += len(chunk)
+        if len(lines) > 2 * KEEP_LINES:
+            lines[KEEP_LINES // 2:-KEEP_LINES // 2] = ["[... lines left out ...]"]
         text = partial.pop() + chunk.decode("utf-8", errors="replace")
         *done, rest = text.split("\n")
+        if len(rest) > 65536:        # a line without end: kept in pieces (bounded work)
+            done, rest = done + [rest], ""
         partial.append(rest)
         for line in done:
             if display.MARK in line:
@@ -214,7 +243,7 @@ def core_share(processes):
 
 
 def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_process=None,
-        nprocs=1, watch=None, sandboxed=False, writable=None):
+        nprocs=1, watch=None, sandboxed=False, writable=None, output_limit=None):
     """Run ``cmd`` with live output and a hard timeout; kill every process it started.
 
     Args:
@@ -232,18 +261,22 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
         watch: optional callable polled while the command runs (e.g. a
             :class:`exercise_utils.heartbeat.Watch`): ``"done"`` stops the command as finished
             (its results are in; slow exits are not waited for), ``("hang", report)`` stops it
-            as hung. With a watch, ``timeout`` is only a backstop for code that keeps running.
+            as hung, ``("limit", line)`` stops it as over a limit (LaunchLimit). With a
+            watch, ``timeout`` is only a backstop for code that keeps running.
         sandboxed: ``cmd`` puts what it starts in sandboxes itself (a judge's launcher that
             must stay outside one: the checks' ranks on the hosts of a mesh); otherwise, at
             grading, ``cmd`` runs in one (:func:`exercise_utils.sandbox.wrap`).
         writable: at grading, the folders the sandbox may change (a check's launch names its
             own folder; None: the current folder and the private temporary folder, for a
             notebook's own launches: :func:`exercise_utils.sandbox.wrap`).
+        output_limit: bytes of output after which the launch is stopped (LaunchOutput);
+            None: no limit (the checks' launches at grading pass the grader's: :mod:`.limits`).
     Returns:
         RunResult on exit code 0 (or when ``watch`` said "done": ``returncode`` 0).
     Raises:
         LaunchHang: ``watch`` saw no progress; all processes killed.
         LaunchTimeout: it ran longer than ``timeout``; all processes killed.
+        LaunchOutput: it printed more than ``output_limit`` bytes; all processes killed.
         LaunchError: non-zero exit code; all remaining processes killed.
         KeyboardInterrupt: after killing every process, when interrupted.
     """
@@ -259,12 +292,23 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
     bars = display.Bars() if echo and display.Bars.wanted() else None
     if bars is not None:
         full_env["DTFS_MARKS"] = "1"                  # the ranks' progress for the bar
-    lines, partial = [], [""]
+    lines, partial, counted = [], [""], [0]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd if sandboxed else sandbox.wrap(cmd, cwd, writable=writable),
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, cwd=cwd, env=full_env,
-                            start_new_session=True, preexec_fn=die_with_parent)
+    group = _launch_cgroup(nprocs) if writable is not None and not sandboxed else None
+
+    def start_child():
+        die_with_parent()
+        if group is not None:
+            group.join()
+    try:
+        proc = subprocess.Popen(cmd if sandboxed else sandbox.wrap(cmd, cwd, writable=writable),
+                                stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, cwd=cwd, env=full_env,
+                                start_new_session=True, preexec_fn=start_child)
+    except BaseException:
+        if group is not None:
+            group.close()
+        raise
     seen = {proc.pid: psutil.Process(proc.pid)}
     status = "interrupted"
     try:
@@ -279,8 +323,11 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
             if verdict is not None:
                 status = "early" if verdict == "done" else verdict
                 break
-            open_ = (_pump(proc, sel, lines, echo, partial, 0.2, bars) if open_
+            open_ = (_pump(proc, sel, lines, echo, partial, 0.2, bars, counted) if open_
                      else (time.sleep(0.2) or False))
+            if output_limit and counted[0] > output_limit:
+                status = "output"
+                break
             remember_children(seen)
         else:
             end = time.monotonic() + 1.0
@@ -291,6 +338,14 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
         if bars is not None:
             bars.close()
         killed = cleanup(proc, tag, seen)
+        if group is not None:
+            stopped = group.events()
+            group.close()
+            name = next((n for n in ("memory", "processes") if stopped[n]), None)
+            if name is not None and status != "interrupted":
+                from . import limits
+                found = limits.current()
+                status = ("limit", limits.verdict(None, name, found[name], together=nprocs))
         if partial[0]:
             lines.append(partial[0])
             if echo and (echo is True or echo(partial[0])):
@@ -311,6 +366,15 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
             f"{what} did not finish within {timeout:g} s, so it was stopped and its "
             f"{len(killed)} process(es) were killed{why}\n--- last output ---\n"
             f"{_tail(lines)}", cmd, None, output)
+    if status == "output":
+        from .limits import size, verdict
+        raise LaunchOutput(
+            f"{what} printed more than {size(output_limit)} of output, so it was stopped and "
+            f"its {len(killed)} process(es) were killed.\n--- last output ---\n"
+            f"{_tail(lines)[-2000:]}", cmd, output, output_limit,
+            verdict(None, "output", output_limit))
+    if isinstance(status, tuple) and status[0] == "limit":
+        raise LaunchLimit(f"{what}: {status[1]}", cmd, output, status[1])
     if isinstance(status, tuple):
         raise LaunchHang(f"{what} stopped making progress after {seconds:.0f} s, so it was "
                          f"stopped and its {len(killed)} process(es) were killed.\n"
@@ -323,6 +387,22 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
             f"{_signal_name(proc.returncode)}; its remaining processes were killed.\n"
             f"--- last output ---\n{_tail(lines)}", cmd, proc.returncode, output)
     return RunResult(cmd, proc.returncode, output, seconds, killed)
+
+
+def _launch_cgroup(nprocs):
+    """At grading, as root: a cgroup for one check's launch that the ranks share (notebook
+    05's torchrun jobs; the checks' launches where no hosts can be made), bounding their
+    memory and processes together at ``nprocs`` times the limits per rank, and 1 GiB and
+    64 more for what the launch itself runs (:mod:`.limits`); else None."""
+    if sandbox.policy() is None:
+        return None
+    from . import limits
+    found = limits.current()
+    group = limits.Cgroup.make("launch") if found else None
+    if group is not None:
+        group.set(memory=nprocs * int(found["memory"]) + (1 << 30),
+                  processes=nprocs * int(found["processes"]) + 64)
+    return group
 
 
 def _signal_name(code):

@@ -33,7 +33,7 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import heartbeat, integrity, plaindata, spawn_template
+from . import heartbeat, integrity, limits, plaindata, spawn_template
 
 
 def load_student(path):
@@ -207,6 +207,7 @@ def run_one(args):
     """
     rank = _rank()
     args.out = own_folder(args.out, rank)
+    limits.apply_in_rank()      # at grading: memory, file size, CPU (before any fork)
     template = _spawn_template(args.probe)
     phase = heartbeat.start(args.out, rank, student=args.student)
     try:

@@ -138,17 +138,22 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None):
     Returns:
         list: the full command line.
     """
+    from .limits import current
+    found = current() or {}           # at grading: the sizes of its /tmp and /dev/shm
+
+    def sized(name):
+        return ["--size", str(int(found[name]))] if name in found else []
     args = ["bwrap", "--die-with-parent", "--cap-drop", "ALL", "--unshare-pid",
             "--setenv", INSIDE, "1", *_machine(), "--dev", "/dev", "--proc", "/proc",
-            "--tmpfs", "/tmp",
-            "--tmpfs", "/dev/shm"]
+            *sized("tmp"), "--tmpfs", "/tmp",
+            *sized("shm"), "--tmpfs", "/dev/shm"]
     for path in [*own_install(), *readable]:
         path = Path(path).resolve()
         args += ["--ro-bind", str(path), str(path)]
     for path in hidden:
         path = Path(path).resolve()
         if path.is_dir():
-            args += ["--tmpfs", str(path)]
+            args += ["--size", "4096", "--tmpfs", str(path)]
         elif path.exists():
             args += ["--dev-bind", "/dev/null", str(path)]    # (reads as empty)
     for path in writable:
@@ -240,10 +245,13 @@ def grading_hidden(course, solutions=None):
             Path(jupyter_runtime_dir()), *judge_files()]
 
 
-def grading_policy(hidden):
+def grading_policy(hidden, limits=None):
     """The environment variable that makes :func:`wrap` sandbox every launch (JSON: the
-    folders and files to hide), as ``{POLICY: text}``."""
-    return {POLICY: json.dumps({"hidden": [str(Path(p).resolve()) for p in hidden]})}
+    folders and files to hide, and the limits every rank runs within: :mod:`.limits`, its
+    defaults unless ``limits`` gives others), as ``{POLICY: text}``."""
+    from . import limits as lim
+    return {POLICY: json.dumps({"hidden": [str(Path(p).resolve()) for p in hidden],
+                                lim.KEY: lim.resolved(limits)})}
 
 
 def policy():
@@ -264,7 +272,11 @@ def private_tmpdir():
     import tempfile
     if os.environ.get("DTFS_SANDBOX_TMP") == tempfile.gettempdir():
         return tempfile.gettempdir()
-    folder = tempfile.mkdtemp(prefix="dtfs-grade-", dir="/tmp")
+    # (in the grading job's own folder where it has one: removed when the job ends, even
+    # if this process is killed before its exit)
+    where = os.environ.get("DTFS_GRADE_TMP")
+    folder = tempfile.mkdtemp(prefix="dtfs-grade-", dir=where if where and os.path.isdir(where)
+                              else "/tmp")
     os.environ["TMPDIR"] = os.environ["DTFS_SANDBOX_TMP"] = tempfile.tempdir = folder
     atexit.register(shutil.rmtree, folder, True)
     return folder
@@ -301,7 +313,8 @@ def weakened(defence):
     """Whether the tests switched ``defence`` off (``DTFS_TEST_WEAKEN``, comma-separated): a
     cheat must then pass where, with the defence on, it fails. ``kernel-folder``: the checks'
     ranks may write the grading kernel's working directory (the submission's folder);
-    ``safe-path``: the grading kernels import from it (``scripts/course.py``)."""
+    ``safe-path``: the grading kernels import from it (``scripts/course.py``); ``strays``:
+    a process a rank leaves running after its launch (a daemon) is killed, not reported."""
     return defence in os.environ.get(WEAKEN, "").split(",")
 
 

@@ -107,10 +107,15 @@ def run_job(path, folder, name, nproc, args, phases, restarts=0, timeout=60, sim
         line = ["--nproc", str(nproc), "--max-restarts", str(restarts), *argv]
         cmd = (harness.module_command(agent.__name__, line, [*agent.PRELOAD, agent.__name__])
                or [sys.executable, "-P", "-m", agent.__name__, *line])
-        result = launch.run(cmd, nprocs=nproc, timeout=LIMIT,
+        limit, cut = harness.launch_limit(LIMIT, f"job {name}", phases["other"])
+        result = launch.run(cmd, nprocs=nproc, timeout=limit,
                             watch=watch, echo=False, what=f"your trainer's job {name}",
                             cwd=cwd, writable=[folder], env={"PYTHONPATH": os.pathsep.join(
-                                filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
+                                filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
+                            output_limit=harness._output_limit())
+    except launch.LaunchLimit as err:
+        _failed(job, given(err.output), partial, path)
+        raise CheckFailure(f"job {name}: {err.line}", phases["other"]) from None
     except launch.LaunchHang as err:
         _failed(job, given(err.output), partial, path)
         running = [phases.get(s.get("case"), phases["other"]) for s in err.report]
@@ -121,6 +126,9 @@ def run_job(path, folder, name, nproc, args, phases, restarts=0, timeout=60, sim
                            running[0] if running else phases["other"]) from None
     except launch.LaunchTimeout as err:
         _failed(job, given(err.output), partial, path)
+        if cut:
+            raise CheckFailure(f"{harness._out_of_time(f'job {name}', harness.limits.current())}"
+                               f" an endless loop? {err}", phases["other"]) from None
         raise CheckFailure(f"job {name}: still running after {LIMIT} s although it kept making "
                            f"progress (an endless loop?): {err}", phases["other"]) from None
     except launch.LaunchError as err:
