@@ -19,7 +19,7 @@ help:
 	@echo "make test       run the whole test suite (quick mode)"
 	@echo "make demo       notebook 01's scaling experiment, headless (1, 2, 4 MPI processes)"
 	@echo "make release    regenerate notebooks/ from solutions/ (nbgrader)"
-	@echo "make autograde  grade $(COURSE)/submitted/*/*/*.ipynb (JOBS=N at once) and export $(COURSE)/grades.csv"
+	@echo "make autograde  grade $(COURSE)/submitted/*/*/*.ipynb (JOBS=N at once, LIMITS=\"memory=4G,...\") and export $(COURSE)/grades.csv"
 	@echo "make autograde-slurm  submit the grading of $(COURSE) as a SLURM array job (PER_TASK=K)"
 	@echo "make feedback   HTML feedback for the autograded submissions"
 
@@ -82,10 +82,10 @@ release: $(STAMP)
 	$(PY) scripts/course.py release
 
 autograde: $(STAMP)
-	$(PY) scripts/course.py autograde --course $(COURSE) --jobs $(JOBS) $(if $(UNSAFE),--unsafe)
+	$(PY) scripts/course.py autograde --course $(COURSE) --jobs $(JOBS) $(if $(UNSAFE),--unsafe) $(if $(LIMITS),--limits "$(LIMITS)")
 
 autograde-slurm: $(STAMP)
-	$(PY) scripts/course.py autograde --course $(COURSE) --slurm --per-task $(PER_TASK) $(if $(UNSAFE),--unsafe)
+	$(PY) scripts/course.py autograde --course $(COURSE) --slurm --per-task $(PER_TASK) $(if $(UNSAFE),--unsafe) $(if $(LIMITS),--limits "$(LIMITS)")
 
 feedback: $(STAMP)
 	$(PY) scripts/course.py feedback --course $(COURSE)

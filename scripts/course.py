@@ -17,6 +17,7 @@ Run it with the course's virtual environment: every nbgrader call runs ``sys.exe
 """
 import argparse
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -53,7 +54,7 @@ def nbgrader_env():
     return env
 
 
-def nbgrader(args, cwd, live=False, check=True, env=None):
+def nbgrader(args, cwd, live=False, check=True, env=None, preexec_fn=None):
     """Run ``nbgrader ARGS`` in course directory ``cwd``; return (exit status, output lines).
 
     Prints the command; streams nbgrader's output when ``live``, otherwise shows
@@ -63,7 +64,7 @@ def nbgrader(args, cwd, live=False, check=True, env=None):
     print(f"$ (cd {cwd} && nbgrader {shlex.join(args)})", flush=True)
     lines = []
     with subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=cwd,
-                          env={**nbgrader_env(), **(env or {})},
+                          env={**nbgrader_env(), **(env or {})}, preexec_fn=preexec_fn,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         for line in proc.stdout:
             lines.append(line)
@@ -269,12 +270,62 @@ def sandbox_policy(args, course):
              if hosts.namespaces_work() and os.environ.get(hosts.OBSERVE) != "0" else
              "the ranks of a launch in one sandbox (no network namespaces here: not root? "
              "Ranks could meet through its /tmp and loopback)")
+    found = limits_of(args)
     print(f"autograde: every process that runs student code runs in a bubblewrap sandbox "
           f"(hidden: solutions, tests, .git, the course folder with every submission, "
           f"Jupyter's runtime files, the checkers' {judge} judge modules; a check's ranks see "
           f"a copy of the file it checks); {apart}; the grading kernels import nothing from "
           f"the submission's folder", flush=True)
-    return {**kernel_env(), **sandbox.grading_policy(hidden)}
+    from exercise_utils import limits
+    shown = ", ".join(f"{k}={limits.shown(k, v)}" for k, v in found.items())
+    print(f"autograde: limits per rank ({shown}; see README: Limits at grading); each "
+          f"submission's grading may use {limits.size(job_memory(args))} of memory in all, "
+          f"so that {limits.size(FLOOR)} stay free with {args.jobs} job(s) at once", flush=True)
+    return {**kernel_env(), **sandbox.grading_policy(hidden, found),
+            JOB_MEMORY: str(job_memory(args))}
+
+
+FLOOR = 2 << 30          # bytes of memory the machine keeps free while it grades
+JOB_MEMORY = "DTFS_JOB_MEMORY"   # bytes one submission's grading may use (a cgroup, as root)
+
+
+def limits_of(args):
+    """The limits at grading (``--limits`` over the defaults of exercise_utils/limits.py),
+    with the check's time limit kept below the cell timeout. Raises CourseError on a bad
+    ``--limits``."""
+    from exercise_utils import limits
+    try:
+        given = limits.parse(args.limits or "")
+    except ValueError as err:
+        raise CourseError(f"--limits: {err}") from None
+    found = limits.resolved(given)
+    margin = max(args.cell_timeout // 2, args.cell_timeout - 60)
+    if "check" not in given:
+        found["check"] = min(found["check"], margin)
+    elif found["check"] > margin:
+        raise CourseError(f"--limits check={found['check']} s must stay below --cell-timeout "
+                          f"({args.cell_timeout} s), at most {margin} s: the check's own "
+                          "message must come before nbgrader stops the cell")
+    return found
+
+
+def job_memory(args):
+    """Bytes of memory one submission's grading (its kernel, hosts and ranks) may use: what
+    the machine has available, less :data:`FLOOR`, shared by the jobs at once."""
+    import psutil
+    return max(1 << 30, (psutil.virtual_memory().available - FLOOR) // max(1, args.jobs))
+
+
+def job_cgroup(env):
+    """A memory cgroup for one grading job (``JOB_MEMORY`` in ``env``), or None where none
+    can be made (not root, no cgroups; README: Limits at grading)."""
+    from exercise_utils import limits
+    if not env.get(JOB_MEMORY):
+        return None
+    group = limits.Cgroup.make("job")
+    if group is not None:
+        group.set(memory=int(env[JOB_MEMORY]))
+    return group
 
 
 def cmd_autograde(args):
@@ -316,12 +367,26 @@ def cmd_autograde(args):
     grades = course / "grades.csv"
     nbgrader(["export", "--to", str(grades)], course)
     rows = submissions.report_rows(grades, pairs, malformed, failed)
+    for row in rows:
+        hit = limits_hit(course, row["assignment"], row["student"])
+        if hit and not row["reason"]:
+            row["reason"] = f"hit grading limits: {', '.join(hit)}"
     print(f"\ngrades: {grades}\nreport: {submissions.write_report(course, rows)}")
     submissions.print_report(rows)
     if broken:
         print("error: nbgrader autograde failed outside any one submission (see the log above); "
               "the submissions it did not grade are listed as failed", file=sys.stderr)
     return 1 if broken else 0
+
+
+def limits_hit(course, stem, student):
+    """The limits (names) a graded notebook's checks say were hit, in order, each once."""
+    path = Path(course) / "autograded" / student / stem / f"{stem}.ipynb"
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    return list(dict.fromkeys(re.findall(r"that is a grading limit \((\w+)=", text)))
 
 
 def grade_serially(course, pairs, policy):
@@ -339,8 +404,16 @@ def grade_serially(course, pairs, policy):
                             if p.parent.name not in students)
             exclude = [f"--CourseDirectory.student_id_exclude={','.join(others)}"] if others else []
             start = time.time()
-            status, lines = nbgrader(["autograde", stem, "--force", *exclude], course, live=True,
-                                     check=False, env={"DTFS_KERNEL_IPC": ipc, **policy})
+            group = job_cgroup(policy)
+            try:
+                status, lines = nbgrader(["autograde", stem, "--force", *exclude], course,
+                                         live=True, check=False,
+                                         env={"DTFS_KERNEL_IPC": ipc, "DTFS_GRADE_TMP": ipc,
+                                              **policy},
+                                         preexec_fn=group and group.join)
+            finally:
+                if group is not None:
+                    group.close()
             found, stopped = submissions.serial_failures(course, stem, students, lines, start)
             failed.update(found)
             broken = broken or stopped or (status != 0 and not found)
@@ -352,7 +425,8 @@ def grade_on_slurm(course, pairs, malformed, args, policy):
     which also writes the grading report (the ``malformed`` ones with their reasons); with
     --wait, wait for both and print the report."""
     import slurm_grade
-    env = {**nbgrader_env(), **policy}
+    # (a node's memory is SLURM's to share out: --sbatch-arg=--mem=...; not this machine's)
+    env = {**nbgrader_env(), **{k: v for k, v in policy.items() if k != JOB_MEMORY}}
     (course / submissions.REPORT).unlink(missing_ok=True)   # the merge job writes a fresh one
     ids = slurm_grade.submit(course, pairs, malformed, args.per_task, args.sbatch_arg,
                              args.job_timeout,
@@ -435,6 +509,10 @@ def parse_args(argv=None):
     grading.add_argument("--unsafe", action="store_true",
                          help="grade without the sandbox where none can run (no root, no "
                               "bubblewrap): only for submissions you trust")
+    grading.add_argument("--limits", default="",
+                         help="limits per rank at grading over the defaults, e.g. "
+                              "memory=4G,processes=128,check=400 (names: memory, processes, tmp, "
+                              "shm, disk, output, check, cpu; README: Limits at grading)")
     grading.add_argument("--whole-notebook", action="store_true",
                          help="run every cell of a submission, as plain nbgrader does (default: "
                               "only the setup, exercise and CHECK cells; scripts/graded_only.py)")

@@ -68,12 +68,20 @@ def run_job(folder, assignment, student, nbgrader_cmd, env, job_timeout):
     """
     start = time.monotonic()
     ipc = tempfile.mkdtemp(prefix="dtfs-k-", dir="/tmp")   # AF_UNIX paths: 107 bytes at most
-    env = {**(env or os.environ), "DTFS_KERNEL_IPC": ipc}
+    # (also the kernels' temporary folders: what the grading wrote there goes with it)
+    env = {**(env or os.environ), "DTFS_KERNEL_IPC": ipc, "DTFS_GRADE_TMP": ipc}
+    group = None
+    if env.get("DTFS_JOB_MEMORY"):       # one submission's memory in all (course.py, as root)
+        from exercise_utils import limits
+        group = limits.Cgroup.make("job")
+        if group is not None:
+            group.set(memory=int(env["DTFS_JOB_MEMORY"]))
     try:
         with open(folder / "log.txt", "w") as log:
             proc = subprocess.Popen([*nbgrader_cmd, "autograde", assignment, "--student", student,
                                      "--force"], cwd=folder, env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=group and group.join)
             try:
                 code = proc.wait(timeout=job_timeout)
             except subprocess.TimeoutExpired:
@@ -84,6 +92,8 @@ def run_job(folder, assignment, student, nbgrader_cmd, env, job_timeout):
         bad = code != 0 or "There was an error processing assignment" in text
         return ("failed" if bad else "ok"), time.monotonic() - start
     finally:
+        if group is not None:
+            group.close()
         shutil.rmtree(ipc, ignore_errors=True)
 
 
