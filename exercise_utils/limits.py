@@ -156,6 +156,17 @@ def apply_in_rank(found=None):
     cpu = int(found["cpu"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)      # a write past it fails (EFBIG)
+    signal.signal(signal.SIGXCPU, _over_cpu)            # past it: CPUTimeExceeded, then killed
+
+
+class CPUTimeExceeded(BaseException):
+    """Raised in a rank's main thread when it used up its CPU seconds (``RLIMIT_CPU``'s
+    SIGXCPU): a BaseException, so that ``except Exception`` in the student's code does not
+    hide it; 5 s later the kernel kills the rank."""
+
+
+def _over_cpu(signum, frame):
+    raise CPUTimeExceeded("the rank used up its CPU time at grading (RLIMIT_CPU)")
 
 
 def _vm_data():
@@ -176,9 +187,11 @@ def from_error(report):
     if "File too large" in text or "[Errno 27]" in text:
         return "file"
     if "No space left on device" in text or "[Errno 28]" in text:
-        return "shm" if "/dev/shm" in text else "tmp"
+        return "shm" if "/dev/shm" in text + report.get("traceback", "") else "tmp"
     if kind == "BlockingIOError" and ("[Errno 11]" in text or "temporarily unavailable" in text):
         return "processes"
+    if kind == "CPUTimeExceeded":
+        return "cpu"
     return None
 
 

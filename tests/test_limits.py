@@ -31,18 +31,23 @@ BAD = {     # what each rank does at import, then the correct code (GOOD)
     "tmp": "from pathlib import Path\nfor i in range(4):\n"
            "    Path(f'/tmp/big{i}').write_bytes(b'x' * (30 << 20))\n",
     "file": "from pathlib import Path\nPath('big').write_bytes(b'x' * (100 << 20))\n",
+    "shm": "from pathlib import Path\nfor i in range(4):\n"
+           "    Path(f'/dev/shm/big{i}').write_bytes(b'x' * (30 << 20))\n",
+    "cpu": "import time\nT = time.process_time()\ntry:\n    while time.process_time() - T < 6:\n"
+           "        pass\nexcept Exception:\n    pass\n",
     "disk": "from pathlib import Path\nfor i in range(4):\n"
             "    Path(f'big{i}').write_bytes(b'x' * (30 << 20))\n",
     "output": "import sys\nfor i in range(64):\n    sys.stdout.write('y' * (1 << 14) + '\\n')\n",
     "daemon": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
               "        time.sleep(300)\n    os._exit(0)\n",
 }
-SMALL = "memory=512M,processes=32,tmp=64M,shm=64M,disk=64M,output=256K,check=20"
-RAISED = "memory=4G,processes=1024,tmp=1G,shm=1G,disk=1G,output=64M,check=20"
+SMALL = "memory=512M,processes=32,tmp=64M,shm=64M,disk=64M,output=256K,check=20,cpu=3"
+RAISED = "memory=4G,processes=1024,tmp=1G,shm=1G,disk=1G,output=64M,check=20,cpu=900"
 VERDICT = {"memory": "used more than 512 MiB of memory", "processes": "started more than 32",
            "tmp": "filled its /tmp (64 MiB)", "disk": "wrote more than 64 MiB into its folder",
            "output": "printed more than 256 KiB of output",
            "file": "wrote a file larger than 64 MiB",
+           "shm": "filled its /dev/shm (64 MiB)", "cpu": "used more than 3 s of CPU time",
            "daemon": "left 1 process(es) running after its launch ended"}
 
 RUN = textwrap.dedent("""
@@ -208,7 +213,7 @@ def test_a_busy_loop_meets_the_check_time_and_a_hang_its_time(bwrap, tmp_path): 
     twice it."""
     _hosts_or_skip()
     spin = _grade_files(tmp_path / "spin", {"spin": "while True:\n    pass\n" + GOOD},
-                        SMALL.replace("check=20", "check=12"))
+                        SMALL.replace("check=20", "check=12").replace("cpu=3", "cpu=900"))
     text = spin["spin"].get("failed", "")
     assert "this check's time ran out: a grading limit (check=12 s" in text, spin
     assert 11 < spin["spin"]["seconds"] < 22, spin

@@ -204,11 +204,29 @@ def _options(argv):
     return parser.parse_known_args(argv)
 
 
+def _after_simulation(path, wanted, limit=120):
+    """Wait (at most ``limit`` s) until rank 0 has recorded its simulations: a worker whose
+    own ``ddp_setup`` fails at once (NCCL on a machine without GPUs) would otherwise end the
+    job before rank 0 wrote what the check reads (seen in CI on a loaded machine: the
+    verdict then said "Found no NVIDIA driver", not which backend was chosen)."""
+    import time
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        try:
+            if set(wanted) & {"setup", "init"} <= set(json.loads(path.read_text())["sim"]):
+                return
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        time.sleep(0.05)
+
+
 def worker_main(argv=None):
     """Entry point of every checked worker: record, then run the student's trainer."""
     from .. import heartbeat
     from ..rankworker import load_student
     from . import runner
+    from .. import limits
+    limits.apply_in_rank()      # at grading: memory, file size, CPU (before student code)
     opts, rest = _options(list(sys.argv[1:] if argv is None else argv))
     rank, attempt = int(os.environ.get("RANK", "0")), runner.attempt()
     beat = heartbeat.start(beat_folder(opts.records), rank, opts.student)
@@ -224,6 +242,9 @@ def worker_main(argv=None):
                                        "cpu": simulate_setup(student, config, False)}
             if "init" in simulate:
                 log["sim"]["init"] = simulate_init(student, config)
+            log.flush()
+        elif attempt == 0 and simulate & {"setup", "init"}:
+            _after_simulation(log.path.with_name("rank0_attempt0.json"), simulate)
         originals = _install_recorders(student, log)
         sys.stdout = _EpochLines(sys.stdout, log)
 
