@@ -257,9 +257,9 @@ def test_ranks_are_out_of_reach_of_another_sandbox(bwrap):  # noqa: F811
 
 
 FAIL_ONCE = """#!/bin/bash
-# bwrap, failing once at set-up while {marker} exists (as a mount it binds can vanish)
-if [ -e {marker} ]; then
-    rm -f {marker}
+# bwrap, failing once at set-up while {marker} exists (as a mount it binds can vanish); two
+# started at once (the hosts' zygotes) must not both fail: only one can take the marker
+if mv {marker} {marker}.taken 2>/dev/null; then
     echo 'bwrap: Can'"'"'t bind mount /oldroot/ on /newroot/: (a test: failed once)' >&2
     exit 1
 fi
