@@ -108,7 +108,7 @@ def _run_ranks(path, probe, world_size, backend, kwargs, timeout, what, limit, w
         launches.append((what, world_size, backend))
     if not path.is_file():
         raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it first.")
-    found = limits.current() if sandbox.policy() is not None else None
+    found = _grading_limits()
     limit, cut = launch_limit(limit, what, case)
     pool = _pool(world_size) if hosts.wanted() else None
     with _launch_folder(pool) as tmp:
@@ -137,11 +137,11 @@ def _run_ranks(path, probe, world_size, backend, kwargs, timeout, what, limit, w
                                                spinning=backend == "mpi",
                                                reported=lambda: _written(folders)),
                                what, world_size, backend)
+        before = None
         if found:
             places = ([pool.root / f"h{r}" / "w" for r in range(world_size)] if pool is not None
                       else [Path(tmp)] * world_size)
-        before = pool.limit_events(world_size, arm=True) if pool is not None and found else None
-        if found:
+            before = pool.limit_events(world_size, arm=True) if pool is not None else None
             watch = _within_limits(watch, places, found, path, before and (
                 lambda: pool.limit_events(world_size)))
         try:
@@ -215,9 +215,15 @@ def launch_limit(limit, what, case=None):
     return min(limit, max(1, int(left))), left < limit
 
 
+def _grading_limits():
+    """The limits the judge applies to this check's launches (:mod:`.limits`): at grading
+    (a sandbox policy, on the judge's side of it), else None."""
+    return limits.current() if sandbox.policy() is not None else None
+
+
 def _output_limit():
     """Bytes of output a check's launch may print at grading (:mod:`.limits`), else None."""
-    found = limits.current() if sandbox.policy() is not None else None
+    found = _grading_limits()
     return found["output"] if found else None
 
 
@@ -718,7 +724,7 @@ def check(func):
         from . import display
         start, launches = time.monotonic(), []
         _CHECKS.append(launches)
-        found = limits.current() if sandbox.policy() is not None else None
+        found = _grading_limits()
         if found and len(_CHECKS) == 1:
             _DEADLINE[0] = start + float(found["check"])
         try:
@@ -915,7 +921,7 @@ def _raise_student_errors(reports, path, case=None):
     rank, rep = errors[0]
     running = rep.get("case") or case
     during = f" in check case '{running}'" if running else ""
-    found = limits.current() if sandbox.policy() is not None else None
+    found = _grading_limits()
     name = limits.from_error(rep) if found else None
     if name:
         where = f"in {rep['where']}" if rep.get("where") else ""
