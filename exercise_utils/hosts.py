@@ -193,7 +193,7 @@ class Pool:
     def _zygote(self, h):
         """Host ``h``'s zygote, started anew where the last one is gone."""
         state = self.zygotes.get(h)
-        if state is not None and state["proc"].poll() is not None:
+        if state is not None and state["proc"].poll() is not None and not state.get("told"):
             print(f"note: {self.lost(h)}; it was started anew.", file=sys.stderr, flush=True)
         if state is None or state["proc"].poll() is not None:
             self._start_zygote(h)
@@ -206,6 +206,7 @@ class Pool:
         if state is None:
             return "never started"
         code = state["proc"].poll()
+        state["told"] = code is not None    # (said once: the restart does not say it again)
         tail = " | ".join(state["errors"].read_text(errors="replace").strip().splitlines()[-6:])
         return (f"host h{h}'s zygote: {'exit status ' + str(code) if code is not None else 'running'}"
                 f"; its stderr: {tail or '(empty)'}")
