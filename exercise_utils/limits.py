@@ -27,6 +27,10 @@ check         300 s      per check: wall-clock time of all its launches, below n
                          cell timeout (600 s), so the check's own message is always the one
                          a student reads
 cpu           900 s      per rank: CPU seconds (``RLIMIT_CPU``; threads count together)
+hang          60 s       per launch: how long every unfinished rank may stand still (no
+                         line of code changes, no CPU) before the launch is called hung
+                         (:mod:`.heartbeat`); a check that asks for less keeps its own. An
+                         MPI rank waiting in MPICH spins: a hang burns CPU until it is seen
 ============  =========  ==================================================================
 
 A rank that hits a limit fails its check with one line naming the limit, its value and
@@ -49,12 +53,13 @@ from pathlib import Path
 KEY = "limits"        # the policy's entry (:data:`.sandbox.POLICY`) that holds them
 GiB, MiB = 1 << 30, 1 << 20
 DEFAULTS = {"memory": 2 * GiB, "processes": 64, "tmp": 256 * MiB, "shm": 256 * MiB,
-            "disk": 256 * MiB, "output": 1 * MiB, "check": 300, "cpu": 900}
-SECONDS = ("check", "cpu")
+            "disk": 256 * MiB, "output": 1 * MiB, "check": 300, "cpu": 900, "hang": 60}
+SECONDS = ("check", "cpu", "hang")
 WHAT = {"memory": "memory", "processes": "processes", "tmp": "bytes in /tmp",
         "shm": "bytes in /dev/shm", "disk": "bytes written to its folder",
         "output": "bytes of output", "check": "seconds for the whole check",
-        "cpu": "seconds of CPU time"}
+        "cpu": "seconds of CPU time",
+        "hang": "seconds every unfinished rank may stand still before a launch is hung"}
 
 
 def parse(text):

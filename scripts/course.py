@@ -306,6 +306,10 @@ def limits_of(args):
         raise CourseError(f"--limits check={found['check']} s must stay below --cell-timeout "
                           f"({args.cell_timeout} s), at most {margin} s: the check's own "
                           "message must come before nbgrader stops the cell")
+    if found["hang"] >= found["check"]:
+        raise CourseError(f"--limits hang={found['hang']} s must stay below the check's time "
+                          f"({found['check']} s): a hang must be seen before the check's "
+                          "time runs out")
     return found
 
 

@@ -55,15 +55,16 @@ RUN = textwrap.dedent("""
     from exercise_utils import harness
 
     @harness.check
-    def check_total(path, size, hang_after):
-        return harness.run_ranks(path, "limits_probe:probe_total", world_size=size,
-                                 backend="gloo", what="total", timeout=hang_after)
+    def check_total(path, size, hang_after):     # (a check returns None: it keeps the result)
+        kept[path] = harness.run_ranks(path, "limits_probe:probe_total", world_size=size,
+                                       backend="gloo", what="total", timeout=hang_after)
 
-    out = {}
+    out, kept = {}, {}
     for path in sys.argv[3:]:
         start = time.monotonic()
         try:
-            out[path] = {"ok": check_total(path, int(sys.argv[1]), int(sys.argv[2]))}
+            check_total(path, int(sys.argv[1]), int(sys.argv[2]))
+            out[path] = {"ok": kept[path]}
         except AssertionError as err:
             out[path] = {"failed": str(err)}
         out[path]["seconds"] = time.monotonic() - start
@@ -125,6 +126,7 @@ def test_parse_shown_and_verdict():
     assert got == {"memory": 4 << 30, "processes": 128, "check": 400, "tmp": 512 << 20,
                    "output": 2048}
     assert limits.resolved("memory=1.5G")["memory"] == 3 << 29
+    assert limits.parse("hang=20") == {"hang": 20} and limits.DEFAULTS["hang"] == 60
     assert limits.resolved({})["check"] == limits.DEFAULTS["check"]
     for bad in ("memroy=4G", "memory", "memory=-1", "memory=lots", "check=0"):
         with pytest.raises(ValueError, match="memory|limit|positive"):
@@ -137,6 +139,26 @@ def test_parse_shown_and_verdict():
     assert limits.from_error({"type": "RuntimeError", "message": "DefaultCPUAllocator: can't "
                               "allocate memory: you tried"}) == "memory"
     assert limits.from_error({"type": "ValueError", "message": "shapes differ"}) is None
+
+
+def test_the_grader_cannot_set_a_time_nbgrader_would_cut_first():
+    """course.py keeps the check's time below the cell timeout and the hang time below the
+    check's: each message must come before the limit above it cuts the cell."""
+    import argparse
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("course", ROOT / "scripts" / "course.py")
+    course = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(course)
+
+    def given(text, cell=600):
+        return course.limits_of(argparse.Namespace(limits=text, cell_timeout=cell))
+    assert given("")["check"] == 300 and given("", cell=300)["check"] == 240
+    assert given("hang=20,check=100")["hang"] == 20
+    for text, cell, words in (("check=590", 600, "must stay below --cell-timeout"),
+                              ("hang=300,check=200", 600, "hang=300 s must stay below"),
+                              ("hang=lots", 600, "not a positive number")):
+        with pytest.raises(course.CourseError, match=words):
+            given(text, cell)
 
 
 def _beat(folder, rank, lock, cpu, line, t0):
@@ -193,7 +215,7 @@ def test_each_limit_stops_its_file_with_its_verdict_and_passes_when_raised(bwrap
     stopped its file. A loop that keeps moving (without burning CPU) meets the check's time
     at grading (check=15 s here; 300 s by default, below nbgrader's 600 s cell timeout), not
     the cell timeout; a rank that ignores SIGTERM and SIGINT and sleeps is a hang at the hang
-    time (10 s here, 60 by default), not twice it. Nothing is left running or in a cgroup."""
+    time (the limit hang=10 s here, below the check's own 60 s; 60 by default), not twice it. Nothing is left running or in a cgroup."""
     _hosts_or_skip()
     files = {name: text + GOOD for name, text in BAD.items()}
     moving = "import time\nwhile True:\n    time.sleep(0.3)\n    time.sleep(0.4)\n"
@@ -201,7 +223,7 @@ def test_each_limit_stops_its_file_with_its_verdict_and_passes_when_raised(bwrap
                "signal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(300)\n")
     got = _grade_files(tmp_path / "on", {**files, "good": GOOD, "moving": moving + GOOD,
                                          "sleeper": sleeper + GOOD},
-                       SMALL.replace("check=20", "check=15"), hang_after=10)
+                       SMALL.replace("check=20", "check=15,hang=10"))
     assert "ok" in got["good"], got["good"]
     for name, expected in VERDICT.items():
         result = got[name]

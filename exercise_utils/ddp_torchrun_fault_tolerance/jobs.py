@@ -103,7 +103,7 @@ def run_job(path, folder, name, nproc, args, phases, restarts=0, timeout=60, sim
     def given(output):                      # (the copy's path read as the one the check got)
         return (output or "").replace(str(student), str(path))
     try:
-        watch = heartbeat.Watch(probes.beat_folder(records), nproc, timeout)
+        watch = heartbeat.Watch(probes.beat_folder(records), nproc, harness.hang_time(timeout))
         line = ["--nproc", str(nproc), "--max-restarts", str(restarts), *argv]
         cmd = (harness.module_command(agent.__name__, line, [*agent.PRELOAD, agent.__name__])
                or [sys.executable, "-P", "-m", agent.__name__, *line])
