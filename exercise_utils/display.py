@@ -63,6 +63,40 @@ def first_errors(output, limit=6):
     return found[:limit]
 
 
+FRAME_LINE = re.compile(r'^(\[(?:rank)?\d+\]:? ?)?\s*File "([^"]+)", line \d+, in (\w+)')
+
+
+def not_written(output):
+    """``(function, message)`` where a launch's ranks stopped at a NotImplementedError raised
+    in a student's file (the innermost frame before it, in the output's tracebacks): the
+    message names the function (``Class.method`` where the file says so) and the file's
+    other functions still to write, in file order; else None."""
+    from .notebook_files import unimplemented
+    last = {}
+    for line in output.splitlines():
+        frame = FRAME_LINE.match(line)
+        if frame:
+            last[frame[1]] = (frame[2], frame[3])
+            continue
+        m = ERROR_LINE.match(line.strip())
+        if m and m[2].split(":")[0].split(".")[-1] == "NotImplementedError":
+            where = last.get(line.strip()[:len(line.strip()) - len(m[2])] or None)
+            if where is None:
+                continue
+            path, func = where
+            todo = unimplemented(path)
+            name = next((t for t in todo if t.split(".")[-1] == func), None)
+            if name is None:        # raised elsewhere (a library): an ordinary error
+                continue
+            rest = [t for t in todo if t != name]
+            shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+            return name, (f"{name} in {shown} still raises NotImplementedError: write it (the "
+                          "`raise` line goes), run its %%writefile cell again, then this cell."
+                          + (f" Still to write in that file, in order: {', '.join(rest[:6])}"
+                             + (", ..." if len(rest) > 6 else "") + "." if rest else ""))
+    return None
+
+
 class Failure:
     """A failed check as the student reads it (rendered as HTML in Jupyter, text elsewhere).
 
@@ -91,14 +125,21 @@ class Failure:
 
     def _launch(self, err, tb):
         """A launch that failed: how it ended, then each rank's first error; its output and
-        the frames folded."""
+        the frames folded. A launch stopped by code not written yet says which function and
+        what else the file has still to write, first."""
         message = str(err).split("\n--- last output ---")[0]
         head = _lines(message)
         self.title = "✗ " + head[0]
         errors = first_errors(getattr(err, "output", "") or "")
         shown = [f"  {line}" for e in errors for line in _lines(e)]
         keep = FIRST_SCREEN - 3
-        self.first = (head[1:] + (["Each rank's first error:"] + shown if shown else []))[:keep]
+        todo = not_written(getattr(err, "output", "") or "")
+        if todo:
+            self.title = f"✗ not implemented yet: {todo[0]}"
+            head = _lines(todo[1])
+        self.first = (head[1:] if not todo else head) + (
+            ["Each rank's first error:"] + shown if shown else [])
+        self.first = self.first[:keep]
         output = (getattr(err, "output", "") or "").splitlines()
         frames = _frames(tb if tb is not None else err.__traceback__)
         self.rest = ([f"The output ({len(output)} lines, the last 200; all of it in the "
@@ -152,7 +193,32 @@ def install():
         return False
     from .launch import LaunchError
     shell.set_custom_exc((CheckFailure, LaunchError), show_failure)
+    if _cell_started not in shell.events.callbacks["pre_run_cell"]:
+        shell.events.register("pre_run_cell", _cell_started)
+        shell.events.register("post_run_cell", _cell_finished)
     return True
+
+
+_CELL = [None]      # when the kernel's current cell started (time.monotonic), where known
+
+
+def _cell_started(*_):
+    _CELL[0] = time.monotonic()
+
+
+def _cell_finished(*_):
+    """The bars of :func:`runs` the cell left open (it failed half-way) are closed: tqdm
+    shows an unfinished one as failed (red), not frozen."""
+    while _RUNS:
+        _RUNS.pop().close()
+
+
+def seconds_since(start):
+    """Seconds of a check that started at ``start``, counted from its cell's start where the
+    cell started before it (the check cell's own imports included), so that the time a check
+    prints is the time Jupyter shows for its cell."""
+    began = _CELL[0] if _CELL[0] is not None and _CELL[0] <= start else start
+    return time.monotonic() - began
 
 
 def summary(name, launches, seconds):
@@ -212,6 +278,42 @@ class Marks:
                                      "total": self.total}), flush=True)
 
 
+class Tracebacks:
+    """An echo filter for a notebook's own launches (in Jupyter): each rank's traceback stays
+    out of the live output but for its last line, the error; the box under the cell says
+    what failed (:class:`Failure`), and every line stays in the output (``err.output``).
+    ``inner``: a filter of the lines left (:class:`.launch.AgentReport`)."""
+    PREFIX = re.compile(r"^(\[(?:rank)?\d+\]:? ?)?(.*)$")
+    CHAINED = ("During handling of the above exception", "The above exception was the direct")
+
+    def __init__(self, inner=None):
+        self.inner, self.open, self.ended, self.hidden = inner, set(), set(), 0
+
+    def __call__(self, line):
+        prefix, rest = self.PREFIX.match(line).groups()
+        chained = prefix in self.ended and (not rest.strip() or rest.startswith(self.CHAINED))
+        if rest.startswith("Traceback (most recent call last):") or chained or (
+                prefix in self.open and (not rest.strip() or rest[0].isspace())):
+            self.open.add(prefix)
+            if not chained:
+                self.ended.discard(prefix)
+            self.hidden += 1
+            return False
+        if prefix in self.open:         # the error's line ends the traceback: it shows
+            self.open.discard(prefix)
+            self.ended.add(prefix)
+        else:
+            self.ended.discard(prefix)
+        return self.inner(line) if self.inner is not None else True
+
+    def note(self):
+        """What was left out, said once at the end of the launch (or None)."""
+        inner = getattr(self.inner, "note", lambda: None)()
+        mine = (f"({self.hidden} lines of the ranks' tracebacks not shown: the box below says "
+                "what failed; all of it is in the error's .output)" if self.hidden else None)
+        return "\n".join(n for n in (inner, mine) if n) or None
+
+
 class Bars:
     """In the launcher: a ``tqdm.auto`` bar (a widget in Jupyter, a line on a terminal) drawn
     from its ranks' :class:`Marks`; :meth:`feed` takes every output line and says whether it
@@ -259,7 +361,12 @@ def runs(items, what):
     if live() is None or len(items) < 2:
         return items
     from tqdm.auto import tqdm
-    return tqdm(items, desc=what, unit="run", leave=False, dynamic_ncols=True)
+    bar = tqdm(items, desc=what, unit="run", leave=False, dynamic_ncols=True)
+    _RUNS.append(bar)
+    return bar
+
+
+_RUNS = []      # the bars of runs() not closed yet (see _cell_finished)
 
 
 class Progress:
@@ -296,7 +403,7 @@ def progress_line(what, size, backend, seconds, seen, now):
     """The text of a running launch: what, how many ranks, how long, the case the ranks run,
     and any rank standing still for 10 s or more (with its line of the student's file)."""
     cases = sorted({s["case"] for s in seen.values() if s.get("case")})
-    text = f"⏳ {what}: {size} {backend} rank{'s' * (size != 1)}, {seconds:.0f} s"
+    text = f"running {what}: {size} {backend} rank{'s' * (size != 1)}, {seconds:.0f} s"
     if cases:
         text += f", case {', '.join(cases)}"
     still = [(r, now - s["moved"], s) for r, s in sorted(seen.items())

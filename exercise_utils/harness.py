@@ -34,6 +34,7 @@ from . import zygote
 from . import processes
 from .processes import TAG, kill_processes, tagged_processes
 from .contract import CheckFailure
+from .notebook_files import unimplemented
 
 
 TORCH_IMPORT = re.compile(r"^\s*(import|from)\s+torch\b", flags=re.M)
@@ -109,6 +110,7 @@ def _run_ranks(path, probe, world_size, backend, kwargs, timeout, what, limit, w
     if not path.is_file():
         raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it first.")
     found = _grading_limits()
+    timeout = hang_time(timeout)
     limit, cut = launch_limit(limit, what, case)
     pool = _pool(world_size) if hosts.wanted() else None
     with _launch_folder(pool) as tmp:
@@ -221,6 +223,13 @@ def _grading_limits():
     return limits.current() if sandbox.policy() is not None else None
 
 
+def hang_time(timeout):
+    """Seconds every unfinished rank of a check's launch may stand still before it is hung:
+    ``timeout`` (the check's), or the grader's ``hang`` limit where that is less."""
+    found = _grading_limits()
+    return min(timeout, float(found["hang"])) if found else timeout
+
+
 def _output_limit():
     """Bytes of output a check's launch may print at grading (:mod:`.limits`), else None."""
     found = _grading_limits()
@@ -328,40 +337,60 @@ def _kernel_hits(before, after, found, watch, path, pool=None):
 
 
 def _hang_message(what, backend, world_size, reports, report, path):
-    """What the watch saw when every unfinished rank stopped making progress."""
+    """What the watch saw when every unfinished rank stopped making progress: first the
+    launch, the case (and run) the ranks were in and the pattern (``hung: ...``), then a line
+    per rank, then who finished."""
     seen = "\n  ".join(heartbeat.describe(report, path))
-    comm = any(s.get("comm") or backend == "mpi" for s in report)
+    return (f"{what}{_hang_case(report)}: {_hang_cause(backend, report)}\n  {seen}\n"
+            f"No progress with {world_size} {backend} process(es) (ranks finished: "
+            f"{sorted(reports) or 'none'}; ranks still waiting: {[s['rank'] for s in report]});"
+            f" all were killed.")
+
+
+def _hang_case(report):
+    """``", case pp-values (1F1B, m = 2, ...)"``: the case (and run) of the first waiting rank
+    that said one (``ctx.case``), else ``""``."""
+    said = next((s for s in report if s.get("case")), None)
+    if said is None:
+        return ""
+    return f", case {said['case']}" + (f" ({said['detail']})" if said.get("detail") else "")
+
+
+def _hang_cause(backend, report):
+    """The pattern of a hang, in a sentence that starts with ``hung: ``."""
     cycle, waits = heartbeat.wait_for(report)
     spinning = [s["rank"] for s in report if s.get("spinning")]
+    # collectives in the student's code (the probe's own end, a barrier, is not one)
+    collective = [s for s in report if s.get("comm") and s["comm"] not in heartbeat.P2P
+                  and s.get("phase") != "exit"]
     if cycle:
         calls = {rank: (call, peer) for rank, call, peer in waits}
-        cause = ("hung: a point-to-point deadlock: "
-                 + ", ".join(f"rank {r} waits in {calls[r][0]} {heartbeat.toward(*calls[r])}"
-                             for r in cycle)
-                 + ": each waits for the next (a blocking send waits until the other side "
-                 "has posted its receive). Post the receives with irecv before waiting on "
-                 "anything, or order the sends and receives so that one side receives first.")
-    elif spinning:
-        cause = (f"hung: rank{'s' * (len(spinning) > 1)} {', '.join(map(str, spinning))} "
-                 "kept looping on the same few lines (polling, e.g. `while not "
-                 "work.is_completed()`) while the others waited: what the loop waits for "
-                 "never came (a message never sent, a tag that does not match, a rank waiting "
-                 "for this one?).")
-    elif waits and all(s.get("comm") in heartbeat.P2P for s in report if s.get("comm")):
-        cause = ("hung: " + ", ".join(
+        return ("hung: a point-to-point deadlock: "
+                + ", ".join(f"rank {r} waits in {calls[r][0]} {heartbeat.toward(*calls[r])}"
+                            for r in cycle)
+                + ": each waits for the next (a blocking send waits until the other side "
+                "has posted its receive). Post the receives with irecv before waiting on "
+                "anything, or order the sends and receives so that one side receives first.")
+    if spinning:
+        return (f"hung: rank{'s' * (len(spinning) > 1)} {', '.join(map(str, spinning))} "
+                "kept looping on the same few lines (polling, e.g. `while not "
+                "work.is_completed()`) while the others waited: what the loop waits for "
+                "never came (a message never sent, a tag that does not match, a rank waiting "
+                "for this one?).")
+    if waits and not collective:
+        return ("hung: " + ", ".join(
             f"rank {r} waits in {call} {heartbeat.toward(call, peer)}" for r, call, peer in waits)
             + ", and nothing will come: every send needs its receive posted on the other "
             "side, with the same tag.")
-    else:
-        cause = ("hung: ranks issued different collectives? Every rank must call the same "
-                 "collectives, in the same order, with matching sizes."
-                 if comm and backend != "none"
-                 else "hung: the code stopped making progress (waiting for something that "
-                 "never happens: a lock, a queue, a process that was never started or has "
-                 "died?)")
-    return (f"{what} hung: no progress with {world_size} {backend} process(es) (ranks finished: "
-            f"{sorted(reports) or 'none'}; ranks still waiting: {[s['rank'] for s in report]}); "
-            f"all were killed.\n  {seen}\n{cause}")
+    if (collective and backend != "none") or backend == "mpi":     # (mpi4py's calls: unseen)
+        return ("hung: ranks issued different collectives? Every rank must call the same "
+                "collectives, in the same order, with matching sizes.")
+    if any(s.get("comm") for s in report):
+        return ("hung: no rank is inside a collective of your code: a message that never "
+                "comes (a receive or a wait whose send never happened, a tag or a peer that "
+                "does not match) or a rank that returned early while the others wait for it.")
+    return ("hung: the code stopped making progress (waiting for something that never "
+            "happens: a lock, a queue, a process that was never started or has died?)")
 
 
 def _with_progress(watch, what, world_size, backend):
@@ -718,7 +747,8 @@ def check(func):
     """Decorator of every ``check_*`` function: the check runs in one :func:`session`; when
     it passes it prints one line (what ran, how long: :func:`.display.summary`), when it
     fails its CheckFailure carries the check's name and time (``check``, ``seconds``) for
-    the box a notebook shows (:mod:`.display`). A check called by another prints nothing."""
+    the box a notebook shows (:mod:`.display`). A check called by another prints nothing and
+    returns what the check returned; the outermost returns None (a cell shows one line)."""
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         from . import display
@@ -731,7 +761,7 @@ def check(func):
             with session():
                 value = func(*args, **kwargs)
         except CheckFailure as err:
-            err.check, err.seconds = func.__name__, time.monotonic() - start
+            err.check, err.seconds = func.__name__, display.seconds_since(start)
             raise
         finally:
             _CHECKS.pop()
@@ -740,9 +770,10 @@ def check(func):
             if not _CHECKS and _LINE[0] is not None:
                 _LINE[0].close()
                 _LINE[0] = None
-        if not _CHECKS:
-            print(display.summary(func.__name__, launches, time.monotonic() - start),
+        if not _CHECKS:     # the cell shows that line and nothing more (no ``True`` after it)
+            print(display.summary(func.__name__, launches, display.seconds_since(start)),
                   flush=True)
+            return None
         return value
     wrapper.__dtfs_check__ = True
     return wrapper
@@ -874,29 +905,6 @@ def _as_given(text, copies, path):
 def _shown(err, copies, path):
     """A launch's error as the student should read it (:func:`_as_given`)."""
     return _as_given(str(err), copies, path)
-
-
-def unimplemented(path):
-    """The functions and methods (``Class.method``) of the file at ``path`` whose body still
-    raises NotImplementedError (a statement of its own), in file order; [] if it does not
-    parse. Read as text, never run."""
-    import ast
-    try:
-        tree = ast.parse(Path(path).read_text())
-    except (OSError, SyntaxError, ValueError):
-        return []
-    found = []
-
-    def visit(node, prefix):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef):
-                visit(child, f"{prefix}{child.name}.")
-            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                if any(isinstance(s, ast.Raise) and s.exc is not None and "NotImplementedError"
-                       in ast.unparse(s.exc) for s in child.body):
-                    found.append(prefix + child.name)
-    visit(tree, "")
-    return found
 
 
 def _raise_student_errors(reports, path, case=None):

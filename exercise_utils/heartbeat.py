@@ -70,6 +70,7 @@ class Beat:
         import psutil
         self.phase, self.period, self.done = "start", period, threading.Event()
         self.case = None        # the check case the rank runs (``ctx.case``), for hang reports
+        self.detail = None      # and which of its runs (settings: "1F1B, m = 2")
         self.main = threading.main_thread().ident
         self.target = Path(folder) / f"beat{rank}.json"
         # held while this process (or a child it forked) lives: the watch tells a live rank
@@ -100,7 +101,7 @@ class Beat:
                 where = _where(frames, self.student)
                 del frames
             info = {"pid": os.getpid(), "lock": self.lock, "t": time.time(),
-                    "phase": self.phase, "case": self.case,
+                    "phase": self.phase, "case": self.case, "detail": self.detail,
                     "cpu": _cpu(self.me, time.thread_time()), **where}
             tmp = self.target.with_suffix(f".{os.getpid()}.tmp")
             try:
@@ -308,13 +309,24 @@ def describe(report, path=None):
                      f"{', '.join(map(str, s['spinning']))} ({s['student'][1]}) of "
                      f"{path or 'your file'}")
             lines.append(f"rank {s['rank']}: spinning at {where}: it kept running those lines "
-                         "and nothing else, waiting for something that never came "
-                         f"[{s['phase']}]")
+                         "and nothing else, waiting for something that never came"
+                         f"{_phase(s)}")
             continue
         state = (f"no progress for {s['still']:.0f} s" if s["still"] >= 2 * PERIOD + 1
                  else "busy")
-        lines.append(f"rank {s['rank']}: {state} at {where}{call} [{s['phase']}]")
+        lines.append(f"rank {s['rank']}: {state} at {where}{call}{_phase(s)}")
     return lines
+
+
+PHASES = {"start": "while starting", "init": "while setting up the process group",
+          "import": "while importing your file",
+          "exit": "after the check's calls returned, waiting for the other ranks to end"}
+
+
+def _phase(beat):
+    """What a rank was doing, where it was not running the check's calls of your code."""
+    phase = beat.get("phase")
+    return f" ({PHASES.get(phase, phase)})" if phase and phase != "probe" else ""
 
 
 def toward(call, peer):

@@ -203,6 +203,11 @@ class AgentReport:
         self.hidden += self.hiding
         return not self.hiding
 
+    def note(self):
+        """What was left out, said once at the end of the launch (or None)."""
+        return (f"(torchrun's failure report, {self.hidden} lines, not shown: the ranks' errors "
+                "are above; all of it is in the error's .output)" if self.hidden else None)
+
 
 def _pump(proc, sel, lines, echo, partial, wait, bars=None, counted=None):
     """Read whatever output is ready within ``wait`` seconds (up to a few MiB: a rank that
@@ -289,6 +294,8 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if threads_per_process or var not in os.environ:
             full_env[var] = str(threads)
+    if echo and display.live() == "kernel":      # in Jupyter: the box says what failed
+        echo = display.Tracebacks(None if echo is True else echo)
     bars = display.Bars() if echo and display.Bars.wanted() else None
     if bars is not None:
         full_env["DTFS_MARKS"] = "1"                  # the ranks' progress for the bar
@@ -356,9 +363,9 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
                   file=sys.stderr, flush=True)
     seconds = time.monotonic() - start
     output = "\n".join(lines)
-    if getattr(echo, "hidden", 0):
-        print(f"(torchrun's failure report, {echo.hidden} lines, not shown: the ranks' errors "
-              f"are above; all of it is in the error's .output)", flush=True)
+    note = getattr(echo, "note", lambda: None)()
+    if note:
+        print(note, flush=True)
     if status == "timeout":
         why = (" although it kept making progress (an endless loop?)" if watch else
                f". {HANG_HINT}")

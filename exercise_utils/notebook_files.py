@@ -4,8 +4,11 @@ Tests and ``make demo`` use this to get the reference solution files straight
 from ``solutions/NN_topic.ipynb`` (the one source of truth), instead of keeping
 second copies.
 
-Used by tests and by :mod:`exercise_utils.mpi_parallel_sgd.demo`.
+Used by tests and by :mod:`exercise_utils.mpi_parallel_sgd.demo`; :func:`unimplemented` (what
+a student's file has still to write) by the checks' and the launches' messages
+(:mod:`.harness`, :mod:`.display`).
 """
+import ast
 import json
 from pathlib import Path
 
@@ -44,3 +47,25 @@ def extract_writefiles(notebook, dest):
         path.write_text(text)
         written[path.stem] = path
     return written
+
+
+def unimplemented(path):
+    """The functions and methods (``Class.method``) of the file at ``path`` whose body still
+    raises NotImplementedError (a statement of its own), in file order; [] if it does not
+    parse. Read as text, never run."""
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    found = []
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if any(isinstance(s, ast.Raise) and s.exc is not None and "NotImplementedError"
+                       in ast.unparse(s.exc) for s in child.body):
+                    found.append(prefix + child.name)
+    visit(tree, "")
+    return found

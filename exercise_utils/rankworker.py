@@ -129,10 +129,13 @@ class Context(SimpleNamespace):
         super().__init__(**kwargs)
         self._phase, self.current = phase, None
 
-    def case(self, name):
+    def case(self, name, detail=None):
         """Say which check case runs from now on: an error or a hang in the student's code is
-        charged to it (:class:`exercise_utils.contract.CheckFailure`'s ``case``)."""
+        charged to it (:class:`exercise_utils.contract.CheckFailure`'s ``case``); ``detail``:
+        which run of it (its settings, e.g. ``"1F1B, m = 2, float64"``), named in a hang's
+        first line."""
         self.current = self._phase.case = name
+        self._phase.detail = detail
 
 
 def _context(args, rank, phase):

@@ -37,6 +37,20 @@ def assert_every_check_says(course, student, stem, expected, count):
         assert expected in outputs, (student, first_line, outputs[-1500:])
 
 
+def assert_passing_checks_print_one_line(course, student, stem):
+    """Assert that each check cell of ``student`` (who passed them all) shows exactly one
+    line, the check's summary: no ``True`` or other value after it (issue 39)."""
+    path = course / "autograded" / student / stem / f"{stem}.ipynb"
+    for cell in json.loads(path.read_text())["cells"]:
+        if not "".join(cell["source"]).startswith("# CHECK "):
+            continue
+        outs = cell.get("outputs", [])
+        text = "".join("".join(o.get("text", "")) for o in outs)
+        assert [o.get("output_type") for o in outs] == ["stream"] and \
+            text.count("\n") == 1 and text.startswith("✓ "), (
+            f"{student}: {''.join(cell['source']).splitlines()[0]} showed {outs}")
+
+
 def graded_only(text, keep_checks=None):
     """A submission of notebook ``text`` that skipped the ungraded runs (demos, experiments).
 
@@ -74,7 +88,7 @@ def _ends(text, head=400, tail=3000):
     return text if len(text) <= head + tail else f"{text[:head]}\n[...]\n{text[-tail:]}"
 
 
-def autograde(tmp_path, stem, submissions, timeout=1500, whole_notebook=True):
+def autograde(tmp_path, stem, submissions, timeout=1500, whole_notebook=True, limits=None):
     """Autograde submissions of one notebook with ``scripts/course.py autograde``.
 
     Args:
@@ -84,6 +98,7 @@ def autograde(tmp_path, stem, submissions, timeout=1500, whole_notebook=True):
         timeout: seconds for the whole autograde run.
         whole_notebook: run every cell (``--whole-notebook``): the solution's run is also the
             proof that the notebook runs top to bottom. False: graded-only, as instructors grade.
+        limits: ``--limits`` for the run (e.g. ``"hang=20"``), None: the defaults.
     Returns:
         (course folder, {student id: score}, seconds the run took).
     """
@@ -95,7 +110,8 @@ def autograde(tmp_path, stem, submissions, timeout=1500, whole_notebook=True):
     start = time.monotonic()
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "autograde",
                            "--course", str(course), "--cell-timeout", "300", *UNSAFE,
-                           *(["--whole-notebook"] if whole_notebook else [])],
+                           *(["--whole-notebook"] if whole_notebook else []),
+                           *(["--limits", limits] if limits else [])],
                           capture_output=True, text=True, timeout=timeout)
     seconds = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -127,6 +143,7 @@ def autograde_solution_and_blank(tmp_path, stem, points, checks, timeout=1500):
         first: _ends(outputs) for first, outputs in check_outputs(course, "solution", stem).items()
         if "all checks passed" not in outputs})
     assert_every_check_says(course, "solution", stem, "all checks passed", checks)
+    assert_passing_checks_print_one_line(course, "solution", stem)
     assert_ran_without_errors(course, "solution", stem)
     assert_every_check_says(course, "blank", stem, "not implemented yet: ", checks)
     assert_failures_are_short(course, "blank", stem)

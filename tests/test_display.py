@@ -6,6 +6,7 @@ on the class, and in a real kernel (nbclient). The blank notebooks' CHECK cells 
 the same in every notebook's autograde test (``grading.assert_failures_are_short``).
 """
 import json
+import re
 import sys
 import textwrap
 
@@ -72,6 +73,7 @@ CELLS = [
         def check_demo(bad):
             if bad:
                 fail("demo-case", %r)
+            return True         # (a check's value is not shown: one line)
         check_demo(False)''') % LONG,
     "check_demo(True)",
     "raise ValueError('an ordinary error keeps its traceback')",
@@ -84,6 +86,15 @@ CELLS = [
         def check_launch():
             run_ranks(blank, "exercise_utils.rankworker:probe_idle", 2, "none", what="idle")
         check_launch()'''),
+    "import time\ntime.sleep(1.5)\ncheck_demo(False)",
+    textwrap.dedent('''
+        unfinished = blank.parent / "unfinished.py"
+        unfinished.write_text(
+            "class Demo:\\n    def shard(self):\\n        # YOUR CODE HERE\\n"
+            "        raise NotImplementedError()\\n\\n\\n"
+            "def later():\\n    raise NotImplementedError\\n\\n\\nDemo().shard()\\n")
+        from exercise_utils import launch
+        launch.mpiexec(unfinished, 2, timeout=60)'''),
 ]
 
 
@@ -109,13 +120,62 @@ def test_in_a_kernel_a_passed_check_is_one_line_and_a_failure_a_short_box():
     assert [o.output_type for o in launched] == ["stream"], nb.cells[4].outputs
     assert launched[0].text.startswith("✓ check_launch: all checks passed (1 launch with 2 "
                                        "ranks, "), launched[0].text
+    # a launched cell on an unfinished file: no traceback on the screen, the box first names
+    # the function and what else the file has still to write (issue 39)
+    todo = nb.cells[6].outputs
+    shown = "".join(o.get("text", "") for o in todo if o.output_type == "stream")
+    assert "Traceback" not in shown and "[0] NotImplementedError" in shown, todo
+    assert "lines of the ranks' tracebacks not shown" in shown, todo
+    box = next(o for o in todo if o.output_type == "display_data")
+    text = box.data["text/plain"]
+    assert text.startswith("✗ not implemented yet: Demo.shard\nDemo.shard in "), text
+    assert "Still to write in that file, in order: later." in " ".join(text.split()), text
+    screen = first_screen(json.dumps([o for o in todo if o.output_type != "stream"]))
+    assert len(screen) <= display.FIRST_SCREEN, screen
+    # the time a check prints is its cell's, from the cell's start (the cell's imports too)
+    late = nb.cells[5].outputs
+    assert [o.output_type for o in late] == ["stream"], late
+    assert float(re.search(r", ([0-9.]+) s\)$", late[0].text.strip()).group(1)) >= 1.5, late
+
+
+def test_a_notebooks_launch_leaves_the_ranks_tracebacks_out_of_the_live_output():
+    """(:class:`display.Tracebacks`) each rank's traceback, but for its error line, and
+    nothing else; chained ones too; the lines left pass the inner filter."""
+    lines = ["[0] starting", "[0] Traceback (most recent call last):",
+             '[0]   File "x.py", line 3, in <module>', "[1] Traceback (most recent call last):",
+             "[0]     f()", '[1]   File "x.py", line 3, in <module>', "[0] ValueError: no",
+             "[1] KeyError: 'a'", "[1] ", "[1] During handling of the above exception, "
+             "another exception occurred:", "[1] ", "[1] Traceback (most recent call last):",
+             '[1]   File "x.py", line 5, in <module>', "[1] RuntimeError: again", "[0] done",
+             "[0] drop me"]
+    echo = display.Tracebacks(inner=lambda line: line != "[0] drop me")
+    assert [line for line in lines if echo(line)] == [
+        "[0] starting", "[0] ValueError: no", "[1] KeyError: 'a'", "[1] RuntimeError: again",
+        "[0] done"]
+    assert echo.hidden == 10 and "10 lines of the ranks' tracebacks" in echo.note()
+    assert display.Tracebacks().note() is None
+
+
+def test_a_launch_stopped_by_unwritten_code_names_the_function(tmp_path):
+    path = tmp_path / "w.py"
+    path.write_text("class A:\n    def f(self):\n        raise NotImplementedError\n\n\n"
+                    "def g():\n    raise NotImplementedError()\n\n\ndef h():\n    return 1\n")
+    out = (f'[rank1]:   File "{path}", line 3, in f\n[rank0]: Traceback (most recent call '
+           f'last):\n[rank0]:   File "/lib/torch.py", line 9, in f\n[rank0]: '
+           f'NotImplementedError\n[rank1]: NotImplementedError\n')
+    name, message = display.not_written(out)
+    assert name == "A.f" and message.startswith(f"A.f in {path} still raises "), message
+    assert message.endswith("Still to write in that file, in order: g."), message
+    # raised in a library's function of the same name: an ordinary error
+    assert display.not_written(out.replace("[rank1]: NotImplementedError\n", "")) is None
+    assert display.not_written("ValueError: x") is None
 
 
 def test_the_progress_line_says_what_runs_and_who_stands_still():
     seen = {0: {"case": "ring-uneven", "moved": 100.0, "student": [12, "ring_all_reduce"]},
             1: {"case": "ring-uneven", "moved": 80.0, "student": None}}
     line = display.progress_line("ring_all_reduce with 3 ranks", 3, "gloo", 21.4, seen, 101.0)
-    assert line == ("⏳ ring_all_reduce with 3 ranks: 3 gloo ranks, 21 s, case ring-uneven; "
+    assert line == ("running ring_all_reduce with 3 ranks: 3 gloo ranks, 21 s, case ring-uneven; "
                     "rank 1: no progress for 21 s")
     seen[0]["moved"] = 80.0
     assert "rank 0: no progress for 21 s at line 12 (ring_all_reduce)" in display.progress_line(

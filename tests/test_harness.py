@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from exercise_utils import harness
+from exercise_utils import harness, notebook_files
 from exercise_utils.harness import assert_close, run_ranks
 
 pytestmark = pytest.mark.usefixtures("env_pythonpath")
@@ -80,11 +80,11 @@ def test_not_implemented_yet(tmp_path):
     with pytest.raises(AssertionError, match="not implemented yet: reduce") as err:
         run_ranks(path, GLOO_SUM, 2, "gloo", timeout=60)
     assert str(err.value).endswith("Still to do in the same file: later, Later.step.")
-    assert harness.unimplemented(path) == ["reduce", "later", "Later.step"]
+    assert notebook_files.unimplemented(path) == ["reduce", "later", "Later.step"]
     many = tmp_path / "many.py"
     many.write_text("".join(f"def f{i}():\n    raise NotImplementedError\n" for i in range(5)))
-    assert len(harness.unimplemented(many)) == 5
-    assert harness.unimplemented(tmp_path / "missing.py") == []
+    assert len(notebook_files.unimplemented(many)) == 5
+    assert notebook_files.unimplemented(tmp_path / "missing.py") == []
 
 
 def test_gloo_hang_is_reported_and_killed(tmp_path):

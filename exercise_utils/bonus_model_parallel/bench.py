@@ -227,7 +227,9 @@ def table(rows):
             + format_table(s["bubble"], BUBBLE_COLUMNS, FORMATS["bubble"])
             + "\n\nActivations saved for the backward, peak bytes per stage\n"
             + format_table(s["memory"], MEMORY_COLUMNS, FORMATS["memory"])
-            + "\n\nYours against torch (step time: medians, slowest rank)\n"
+            + "\n\nYours against torch (step time: medians, slowest rank; paired: the median"
+            " of each step's yours / torch, the two run in turn step by step, so a load that"
+            " comes and goes slows both alike)\n"
             + format_table(s["library"], LIBRARY_COLUMNS, FORMATS["library"])
             + load_note(rows))
 
@@ -259,8 +261,8 @@ def plot(rows, path="results/10_model_parallel_bench.png"):
     for shift, name, label in ((-0.2, "gpipe", "GPipe"), (0.2, "1f1b", "1F1B")):
         axes[1].bar([i + shift for i in pos], [r[f"{name}_bytes"] / 1024 for r in mem], 0.4,
                     label=label)
-    axes[1].plot([i + 0.2 for i in pos], [r["bound"] * r["gpipe_bytes"] / 1024 for r in mem],
-                 "k_", markersize=20, label="(p/m) x GPipe")
+    axes[1].plot([i + 0.2 for i in pos], [r["theory"] * r["gpipe_bytes"] / 1024 for r in mem],
+                 "k_", markersize=20, label="(p-s)/m x GPipe (theory)")
     m = mem[0]["m"] if mem else "?"
     axes[1].set(xticks=list(pos), ylabel="KiB", title=f"peak saved activations, m={m}")
     axes[1].set_xticklabels([f"p={r['world_size']} s{r['stage']}" for r in mem])

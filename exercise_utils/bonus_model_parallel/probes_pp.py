@@ -301,6 +301,9 @@ def _grads(stage):
             for q in stage.parameters()]
 
 
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}      # (a run's settings in a hang report)
+
+
 def probe_pipeline(student, ctx, orders, runs=None, wire=False):
     """``{"runs": {name: result}}`` for every run of :func:`.nets.pp_runs` (``wire``: the wide
     one too; ``runs``: these names only; ``orders``: the judge's order of every stage in each,
@@ -316,7 +319,10 @@ def probe_pipeline(student, ctx, orders, runs=None, wire=False):
         for name, dtype, sched, m, batch in pp_runs(wire):
             if runs is not None and name not in runs:
                 continue
-            ctx.case("pp-values")
+            finished = f"; {len(results)} run{'s' * (len(results) != 1)} before it returned" \
+                if results else ""
+            ctx.case("pp-values", f"{SCHEDULES[sched]}, m = {m}, batch {batch}, {dtype}"
+                                  + finished)
             layers, x, y = pp_stack(dtype, salts, batch, stages=[s])
             stage = pp_stage(layers, p, s)
             logged = _Logged(stage)

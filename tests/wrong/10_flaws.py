@@ -1,7 +1,7 @@
 """Known-wrong files of notebook 10, as patches of the solution (see tests/flaws.py): one flaw
 each, naming the clause of ``exercise_utils/bonus_model_parallel/requirements.py`` it breaks and
 the check case that must reject it."""
-from flaws import Flaw
+from flaws import Def, Flaw
 
 F_BACKWARD = ("        grad = grad.clone(memory_format=torch.contiguous_format)\n"
               "        dist.all_reduce(grad)\n        return grad\n")
@@ -13,6 +13,7 @@ ROW_FORWARD = ("        y = ReduceFromParallel.apply(F.linear(x, self.weight))\n
                "        return y if self.bias is None else y + self.bias\n")
 ATTN_FORWARD = ("        x = CopyToParallel.apply(x)\n        return self.o(attention_heads("
                 "self.q(x), self.k(x), self.v(x), self.n_heads, self.causal))\n")
+STUB = "{}\n    # YOUR CODE HERE\n    raise NotImplementedError()\n"    # (as released)
 GPIPE = "    return [(\"F\", j) for j in range(m)] + [(\"B\", j) for j in reversed(range(m))]\n"
 WARM = "    warm = min(p - stage - 1, m)\n"
 MAIN_LOOP = "    for kind, j in order:\n        if kind == \"F\":\n            if first:\n"
@@ -109,6 +110,19 @@ FLAWS = [
          expect="the bias added once, after the all-reduce",
          patch=((ROW_FORWARD, "        return ReduceFromParallel.apply(F.linear(x, self.weight, "
                               "self.bias))\n"),)),
+    Flaw("tensor_parallel", "bias_before_all_reduce_blocks_unfinished", clause="bias-once",
+         case="tp-layers",
+         why="the same bias bug, with the MLP and the attention still as released: a finished "
+             "piece's failure is shown, not hidden behind the unfinished ones (issue 39).",
+         expect="the bias added once, after the all-reduce",
+         patch=((ROW_FORWARD, "        return ReduceFromParallel.apply(F.linear(x, self.weight, "
+                              "self.bias))\n"),
+                *(Def(name, STUB.format(head)) for name, head in (
+                    ("ParallelMLP.from_mlp", "@classmethod\ndef from_mlp(cls, mlp):"),
+                    ("ParallelMLP.forward", "def forward(self, x):"),
+                    ("ParallelAttention.from_attention",
+                     "@classmethod\ndef from_attention(cls, attn):"),
+                    ("ParallelAttention.forward", "def forward(self, x):"))))),
     Flaw("tensor_parallel", "mlp_without_f", clause="mlp-one-plus-one", case="tp-collectives",
          why="the MLP has no f in front: the forward is right, but each rank's input gradient "
              "is only its partial one (no all-reduce in the backward).",
