@@ -309,8 +309,9 @@ class Tracebacks:
     def note(self):
         """What was left out, said once at the end of the launch (or None)."""
         inner = getattr(self.inner, "note", lambda: None)()
-        mine = (f"({self.hidden} lines of the ranks' tracebacks not shown: the box below says "
-                "what failed; all of it is in the error's .output)" if self.hidden else None)
+        mine = (f"({self.hidden} lines of the ranks' tracebacks not shown here: a failed "
+                "launch's box below says what failed; all of it is in the .output of the "
+                "launch's result or error)" if self.hidden else None)
         return "\n".join(n for n in (inner, mine) if n) or None
 
 

@@ -153,7 +153,8 @@ def test_the_grader_cannot_set_a_time_nbgrader_would_cut_first():
     def given(text, cell=600):
         return course.limits_of(argparse.Namespace(limits=text, cell_timeout=cell))
     assert given("")["check"] == 300 and given("", cell=300)["check"] == 240
-    assert given("hang=20,check=100")["hang"] == 20
+    assert given("hang=20,check=100")["hang"] == 20 and given("", cell=600)["hang"] == 60
+    assert given("check=30")["hang"] == 15          # the default, kept within a short check
     for text, cell, words in (("check=590", 600, "must stay below --cell-timeout"),
                               ("hang=300,check=200", 600, "hang=300 s must stay below"),
                               ("hang=lots", 600, "not a positive number")):

@@ -459,7 +459,7 @@ FLAWS = [
     Flaw("average_gradients", "zero_samples_return", clause="zero-samples", case="avg-empty-rank",
          why="a rank without samples returns at once (\"it has nothing to contribute\"), so the "
              "others' all_reduce is matched by its next step's, or never.",
-         expect="average_gradients hung", timeout=20,
+         expect="average_gradients, case avg-empty-rank: hung", timeout=20,
          patch=((AVG_PARAMS, "    if num_samples == 0:\n"
                              "        return                                             # nothing to contribute\n"
                  + AVG_PARAMS),)),
