@@ -89,7 +89,8 @@ def not_written(output):
             if name is None:        # raised elsewhere (a library): an ordinary error
                 continue
             rest = [t for t in todo if t != name]
-            shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+            shown = os.path.relpath(path)
+            shown = path if shown.startswith("..") else shown
             return name, (f"{name} in {shown} still raises NotImplementedError: write it (the "
                           "`raise` line goes), run its %%writefile cell again, then this cell."
                           + (f" Still to write in that file, in order: {', '.join(rest[:6])}"

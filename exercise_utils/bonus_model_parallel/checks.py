@@ -86,12 +86,11 @@ def _todo(res, path):
     order = [c for _, classes in PIECES for c in classes]
     if found:
         found += [name for name in unimplemented(path) if name.split(".")[0] in order]
-    rank = {name: next((i for i, c in enumerate(order) if name.split(".")[0] == c), len(order))
-            for name in found}
-    return sorted(dict.fromkeys(found), key=lambda name: rank[name])
+    return sorted(dict.fromkeys(found), key=lambda name: order.index(name.split(".")[0])
+                  if name.split(".")[0] in order else len(order))
 
 
-def _unfinished(res, todo, path):
+def _unfinished(todo, path):
     """The verdict of a check whose finished pieces all passed: the first unfinished function,
     the pieces that passed, the rest still to do."""
     classes = {name.split(".")[0] for name in todo}
@@ -359,5 +358,5 @@ def check_tensor_parallel(path):
         if not todo:
             check_tp_wire(links, size, run)
     if todo:
-        _unfinished(res, todo, path)
+        _unfinished(todo, path)
 
