@@ -43,8 +43,9 @@ def _frames(tb):
     return [f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_tb(tb)]
 
 
-ERROR_LINE = re.compile(r"^(?:\[(?:rank)?(\d+)\]:? ?)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*"
-                        r"(?:Error|Exception|Interrupt)\b:?.*)$")
+HOST = r"(?:\[h\d+\] )?"      # a line of a host of the course's cluster: "[h1] [rank1]: ..."
+ERROR_LINE = re.compile(r"^" + HOST + r"(?:\[(?:rank)?(\d+)\]:? ?)?((?:[A-Za-z_][\w.]*\.)?"
+                        r"[A-Z]\w*(?:Error|Exception|Interrupt)\b:?.*)$")
 
 
 def first_errors(output, limit=6):
@@ -63,7 +64,8 @@ def first_errors(output, limit=6):
     return found[:limit]
 
 
-FRAME_LINE = re.compile(r'^(\[(?:rank)?\d+\]:? ?)?\s*File "([^"]+)", line \d+, in (\w+)')
+FRAME_LINE = re.compile(r'^(' + HOST + r'\[(?:rank)?\d+\]:? ?)?\s*File "([^"]+)", line \d+, '
+                        r'in (\w+)')
 
 
 def not_written(output):
@@ -71,7 +73,6 @@ def not_written(output):
     in a student's file (the innermost frame before it, in the output's tracebacks): the
     message names the function (``Class.method`` where the file says so) and the file's
     other functions still to write, in file order; else None."""
-    from .notebook_files import unimplemented
     last = {}
     for line in output.splitlines():
         frame = FRAME_LINE.match(line)
@@ -81,21 +82,29 @@ def not_written(output):
         m = ERROR_LINE.match(line.strip())
         if m and m[2].split(":")[0].split(".")[-1] == "NotImplementedError":
             where = last.get(line.strip()[:len(line.strip()) - len(m[2])] or None)
-            if where is None:
-                continue
-            path, func = where
-            todo = unimplemented(path)
-            name = next((t for t in todo if t.split(".")[-1] == func), None)
-            if name is None:        # raised elsewhere (a library): an ordinary error
-                continue
-            rest = [t for t in todo if t != name]
-            shown = os.path.relpath(path)
-            shown = path if shown.startswith("..") else shown
-            return name, (f"{name} in {shown} still raises NotImplementedError: write it (the "
-                          "`raise` line goes), run its %%writefile cell again, then this cell."
-                          + (f" Still to write in that file, in order: {', '.join(rest[:6])}"
-                             + (", ..." if len(rest) > 6 else "") + "." if rest else ""))
+            found = _todo_at(*where) if where is not None else None
+            if found is not None:       # else raised elsewhere (a library): an ordinary error
+                return found
     return None
+
+
+def _todo_at(path, func):
+    """``(name, message)`` when function ``func`` of the file at ``path`` is one the student
+    has still to write (:func:`.notebook_files.unimplemented`), else None."""
+    from .notebook_files import unimplemented, unwritten
+    todo = unimplemented(path)
+    name = next((t for t in todo if t.split(".")[-1] == func), None)
+    if name is None:
+        return None
+    shown = os.path.relpath(path)
+    shown = path if shown.startswith("..") else shown
+    return name, unwritten(name, shown, [t for t in todo if t != name], this_cell=True)
+
+
+class NotReady(RuntimeError):
+    """What a notebook cell needs first is missing (a file an earlier cell writes, a result
+    it makes): raised by the course's code with a message that says which cell to run (or
+    finish) first; shown in a kernel as a short box, like a failed check."""
 
 
 class Failure:
@@ -111,6 +120,9 @@ class Failure:
         from .launch import LaunchError
         if isinstance(err, LaunchError):
             self._launch(err, tb)
+            return
+        if not isinstance(err, CheckFailure):
+            self._plain(err, tb)
             return
         name = getattr(err, "check", None) or "the check"
         facts = [f"case {err.case}"] if getattr(err, "case", None) else []
@@ -143,10 +155,38 @@ class Failure:
         self.first = self.first[:keep]
         output = (getattr(err, "output", "") or "").splitlines()
         frames = _frames(tb if tb is not None else err.__traceback__)
+        cmd = getattr(err, "cmd", None)
         self.rest = ([f"The output ({len(output)} lines, the last 200; all of it in the "
                       f"error's .output):"] + [f"  {line}" for line in output[-200:]] +
+                     (["", "The command:", *("  " + c for c in _lines(" ".join(map(str, cmd))))]
+                      if isinstance(cmd, (list, tuple)) and cmd else []) +
                      (["", "Where it was launched (most recent call last):"] +
                       ["  " + f for f in frames] if frames else []))
+
+    def _plain(self, err, tb):
+        """An error raised in the notebook's own kernel that the student can act on: a
+        function not written yet (NotImplementedError from a student's file), a name an
+        earlier cell sets (NameError in the cell itself), a result an earlier cell makes
+        (:class:`NotReady`). The traceback is folded."""
+        frames = [f for f in traceback.extract_tb(tb if tb is not None else err.__traceback__)
+                  if "/IPython/core/" not in f.filename]          # (IPython's run_code)
+        if isinstance(err, NotImplementedError):
+            name, message = next(filter(None, (_todo_at(f.filename, f.name) for f in
+                                               reversed(frames))), ("NotImplementedError", err))
+            self.title, lines = f"✗ not implemented yet: {name}", _lines(message)
+        elif isinstance(err, NameError):
+            self.title = f"✗ {err}"
+            lines = _lines(f"This cell uses `{getattr(err, 'name', None) or 'it'}`, which no cell "
+                           "has set in this session: if a cell above sets it, run the cells "
+                           "above first, in order (Run > Run All Above); one that fails says "
+                           "what it needs. Otherwise check the spelling.")
+        else:
+            lines = _lines(err)
+            self.title, lines = f"✗ {lines[0]}", lines[1:]
+        keep = FIRST_SCREEN - 3
+        self.first, more = lines[:keep], lines[keep:]
+        self.rest = more + ["", f"The traceback ({type(err).__name__}, most recent call last):"
+                            ] + [f"  {f.filename}:{f.lineno} in {f.name}" for f in frames]
 
     def text(self):
         """Plain text: the first screen, then the folded part indented under a marker."""
@@ -171,12 +211,46 @@ class Failure:
                 f"<pre style=\"white-space: pre-wrap; margin: 4px 0\">{body}</pre>{more}</div>")
 
 
+def _cell_code(tb):
+    """Whether the innermost frame of ``tb`` is a notebook cell's own code."""
+    frames = traceback.extract_tb(tb)
+    name = frames[-1].filename if frames else ""
+    return name.startswith("<ipython-input-") or "/ipykernel_" in name
+
+
+def _ours(value, tb):
+    """Whether the kernel's handler shows ``value`` as a box: a failed check or launch
+    always; in a student's kernel (:func:`live`), also code not written yet, a name an earlier
+    cell sets, and what a cell needs first (:meth:`Failure._plain`); any other error keeps
+    IPython's traceback."""
+    from .launch import LaunchError
+    if isinstance(value, (CheckFailure, LaunchError)):
+        return True
+    if live() != "kernel":
+        return False
+    if isinstance(value, NotReady):
+        return True
+    if isinstance(value, NotImplementedError):
+        return any(_todo_at(f.filename, f.name) for f in traceback.extract_tb(tb))
+    return isinstance(value, NameError) and _cell_code(tb)
+
+
 def show_failure(shell, etype, value, tb, tb_offset=None):
-    """IPython's handler of a CheckFailure: display the box, then the cell's error as one
-    line. IPython shows nothing of a custom handler's return value: the error output (what
-    nbgrader's autograder counts as a failed cell) is sent here, as IPython would send it."""
-    from IPython.display import display
-    display(Failure(value, tb))
+    """IPython's handler of a CheckFailure (and the errors of :func:`_ours`): the box (in the
+    cell's :func:`top` slot where it has one, i.e. above the launch's own lines), then the
+    cell's error as one line. IPython shows nothing of a custom handler's return value: the
+    error output (what nbgrader's autograder counts as a failed cell) is sent here, as
+    IPython would send it."""
+    if not _ours(value, tb):
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        return None
+    box = Failure(value, tb)
+    slot, _TOP[0] = _TOP[0], None
+    if slot is not None:
+        slot.update(box)
+    else:
+        from IPython.display import display
+        display(box)
     first = (str(value).splitlines() or [""])[0]
     stb = [f"{etype.__name__}: {first[:WIDTH]}" + ("…" if len(first) > WIDTH else "")]
     shell._showtraceback(etype, value, stb)
@@ -193,13 +267,26 @@ def install():
     if shell is None:
         return False
     from .launch import LaunchError
-    shell.set_custom_exc((CheckFailure, LaunchError), show_failure)
+    shell.set_custom_exc((CheckFailure, LaunchError, NotReady, NotImplementedError, NameError),
+                         show_failure)
     if _cell_started not in shell.events.callbacks["pre_run_cell"]:
         shell.events.register("pre_run_cell", _cell_started)
         shell.events.register("post_run_cell", _cell_finished)
     return True
 
 
+def top():
+    """In a Jupyter kernel (:func:`live`), the current cell's slot for a failure's box: an
+    empty display made at the first call in the cell (a launch, a bar of runs) that the
+    cell's failure fills (:func:`show_failure`), so that the box shows above what the
+    launches printed; elsewhere None."""
+    if _TOP[0] is None and live() == "kernel":
+        from IPython.display import display
+        _TOP[0] = display({"text/plain": ""}, raw=True, display_id=True)
+    return _TOP[0]
+
+
+_TOP = [None]       # the current cell's slot (see top)
 _CELL = [None]      # when the kernel's current cell started (time.monotonic), where known
 
 
@@ -209,7 +296,8 @@ def _cell_started(*_):
 
 def _cell_finished(*_):
     """The bars of :func:`runs` the cell left open (it failed half-way) are closed: tqdm
-    shows an unfinished one as failed (red), not frozen."""
+    shows an unfinished one as failed (red), not frozen; the cell's slot is forgotten."""
+    _TOP[0] = None
     while _RUNS:
         _RUNS.pop().close()
 
@@ -311,7 +399,7 @@ class Tracebacks:
         """What was left out, said once at the end of the launch (or None)."""
         inner = getattr(self.inner, "note", lambda: None)()
         mine = (f"({self.hidden} lines of the ranks' tracebacks not shown here: a failed "
-                "launch's box below says what failed; all of it is in the .output of the "
+                "launch's box above says what failed; all of it is in the .output of the "
                 "launch's result or error)" if self.hidden else None)
         return "\n".join(n for n in (inner, mine) if n) or None
 
@@ -363,6 +451,7 @@ def runs(items, what):
     if live() is None or len(items) < 2:
         return items
     from tqdm.auto import tqdm
+    top()                       # a failure's box shows above the bar and the runs' lines
     bar = tqdm(items, desc=what, unit="run", leave=False, dynamic_ncols=True)
     _RUNS.append(bar)
     return bar

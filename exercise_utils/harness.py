@@ -34,7 +34,7 @@ from . import zygote
 from . import processes
 from .processes import TAG, kill_processes, tagged_processes
 from .contract import CheckFailure
-from .notebook_files import unimplemented
+from .notebook_files import unimplemented, unwritten
 
 
 TORCH_IMPORT = re.compile(r"^\s*(import|from)\s+torch\b", flags=re.M)
@@ -921,11 +921,8 @@ def _raise_student_errors(reports, path, case=None):
     if todo:
         later = [name for name in unimplemented(path) if name not in todo
                  and not any(w.endswith(f".{name}") or w == name.split(".")[-1] for w in todo)]
-        raise CheckFailure(f"not implemented yet: {', '.join(todo)} in {path} still raise"
-                             f"{'s' if len(todo) == 1 else ''} NotImplementedError. Replace the "
-                             f"`raise` line with your code, then run the %%writefile cell again."
-                             + (f" Still to do in the same file: {', '.join(later)}."
-                                if 0 < len(later) <= 3 else ""))     # (not a file's every stage)
+        raise CheckFailure("not implemented yet: " + unwritten(
+            todo, path, later if len(later) <= 3 else ()))     # (not a file's every stage)
     rank, rep = errors[0]
     running = rep.get("case") or case
     during = f" in check case '{running}'" if running else ""

@@ -294,8 +294,9 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if threads_per_process or var not in os.environ:
             full_env[var] = str(threads)
-    if echo and display.live() == "kernel":      # in Jupyter: the box says what failed
+    if echo and display.live() == "kernel":      # in Jupyter: the box says what failed,
         echo = display.Tracebacks(None if echo is True else echo)
+        display.top()                            # above the launch's lines
     bars = display.Bars() if echo and display.Bars.wanted() else None
     if bars is not None:
         full_env["DTFS_MARKS"] = "1"                  # the ranks' progress for the bar

@@ -13,8 +13,9 @@ import uuid
 
 import psutil
 
-from .launch import (HANG_HINT, LaunchError, LaunchTimeout, RunResult, _describe, _signal_name,
-                     _tail, core_share, free_port)
+from . import display
+from .launch import (HANG_HINT, LaunchError, LaunchTimeout, RunResult, _signal_name, _tail,
+                     core_share, free_port)
 from .processes import TAG, cleanup, die_with_parent, remember_children
 
 
@@ -64,6 +65,7 @@ def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if threads_per_process or var not in os.environ:
             base[var] = str(threads)
+    display.top()                  # in Jupyter: a failure's box shows above the lines
     start = time.monotonic()
     procs, seen, sel = [], {}, selectors.DefaultSelector()
     lines = [[] for _ in cmds]       # per command, unlabelled
@@ -121,7 +123,7 @@ def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo
     if status == "failed":
         code = procs[failed].returncode
         raise LaunchError(
-            f"{labels[failed]} (`{_describe(cmds[failed])}`) failed with exit code {code} after "
+            f"{labels[failed]} failed with exit code {code} after "
             f"{seconds:.1f} s{_signal_name(code)}, so all of {what} were stopped and "
             f"{len(killed)} process(es) killed.\n--- last output of {labels[failed]} ---\n"
             f"{_tail(lines[failed])}", cmds[failed], code, output)

@@ -5,8 +5,9 @@ from ``solutions/NN_topic.ipynb`` (the one source of truth), instead of keeping
 second copies.
 
 Used by tests and by :mod:`exercise_utils.mpi_parallel_sgd.demo`; :func:`unimplemented` (what
-a student's file has still to write) by the checks' and the launches' messages
-(:mod:`.harness`, :mod:`.display`).
+a student's file has still to write) and :func:`unwritten` (the one message that says so) by
+the checks' and the launches' messages (:mod:`.harness`, :mod:`.display`, notebooks 06 and
+08 to 10).
 """
 import ast
 import json
@@ -69,3 +70,21 @@ def unimplemented(path):
                     found.append(prefix + child.name)
     visit(tree, "")
     return found
+
+
+def unwritten(names, path, later=(), this_cell=False, passed=""):
+    """The message of code not written yet, the same wherever it is found (a check, a launch,
+    a function called in the notebook): ``names`` (functions, ``Class.method``) in ``path``
+    still raise NotImplementedError, what to do, then ``passed`` (a sentence: what passed
+    already) and ``later`` (the file's other functions still to write, at most six named).
+    ``this_cell``: the message is shown under the cell that ran the code (a launch, an
+    experiment), which is to be run again too. A check's message puts "not implemented yet: "
+    before it; a box has that in its title."""
+    names = [names] if isinstance(names, str) else list(names)
+    later = list(later)
+    return (f"{', '.join(names)} in {path} still raise{'s' * (len(names) == 1)} "
+            "NotImplementedError. Replace the `raise` line with your code, then run the "
+            f"%%writefile cell again{', then this cell' if this_cell else ''}."
+            + (f" {passed}" if passed else "")
+            + (f" Still to do in that file, in order: {', '.join(later[:6])}"
+               + (", ..." if len(later) > 6 else "") + "." if later else ""))

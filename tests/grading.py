@@ -201,3 +201,102 @@ def assert_release_regions_in_function_bodies(blank_file, at_least):
     raises = re.findall(r"^( *)raise NotImplementedError\(\)$", text, flags=re.M)
     assert len(raises) >= at_least and all(len(indent) >= 4 for indent in raises), raises
     compile(text, "blank", "exec")
+
+
+# ------------------------------------- what a student meets on a blank release (issue 39)
+# Cells of the blank releases that run only the course's own code (demos of the library, the
+# experiments that take no student file): on the blank release they run as on the solution,
+# whose whole-notebook autograde runs them already, so the blank run leaves them out. Each is
+# named by a piece of its source found in exactly one cell; every other launched cell must
+# fail on the blank release (so a cell missing here is found: it would pass).
+COURSE_ONLY = {
+    "01_mpi_parallel_sgd": ['"work/01_hello.py"', "pickle_vs_buffer"],
+    "02_shared_memory_hogwild": ['"work/02_start_methods.py"', "epoch_orders(",
+                                 '"work/02_race.py"'],
+    "03_torch_distributed_collectives": ['"work/03_hello.py"', '"work/03_hello_tcp.py"',
+                                         '"work/03_p2p.py"', '"work/03_collectives.py"',
+                                         '["shape"], timeout', '"DETAIL"}', '["skip"]'],
+    "04_resnet_cifar_data_parallel": ["# Data:", "train_sample = runner.load_data("],
+    "05_ddp_torchrun_fault_tolerance": ["lx.sweep()", "two_agents(", 'rate="1gbit"',
+                                        "cluster_commands(", "join.demo("],
+    "08_bonus_powersgd": ["paper.table()"],
+}
+TRACEBACK = re.compile(r'Traceback \(most recent call last\)|^\s*File "|^\s*-+> \d|'
+                       r'\x1b\[|Error\s+Traceback')
+
+
+def launched_cells(text, stem):
+    """The blank release ``text`` of notebook ``stem`` cut to what the test runs: the setup
+    cell, every ``%%writefile`` cell (the blank files) and every launched cell (try cells,
+    experiments, benchmarks; not the CHECK cells, which the autograde tests hold to the same)
+    but the :data:`COURSE_ONLY` ones. Returns ``(notebook, indices of the launched cells)``."""
+    nb = json.loads(text)
+    only = COURSE_ONLY.get(stem, [])
+    sources = ["".join(c["source"]) for c in nb["cells"]]
+    for piece in only:
+        hits = [s for s in sources if piece in s]
+        assert len(hits) == 1, f"{stem}: COURSE_ONLY's {piece!r} is in {len(hits)} cells"
+    keep, launched = [], []
+    for cell, src in zip(nb["cells"], sources):
+        if cell["cell_type"] != "code" or src.startswith("# CHECK "):
+            continue
+        if not src.startswith(("%%writefile", "# Setup")):
+            if any(piece in src for piece in only):
+                continue
+            launched.append(len(keep))
+        keep.append(cell)
+    nb["cells"] = keep
+    return nb, launched
+
+
+def rendered(outputs):
+    """A cell's output as the page shows it, line by line: streams, each display's plain
+    text as last updated (a box up to its "▸ more" line, folded below it), errors."""
+    lines = []
+    for out in outputs:
+        kind = out["output_type"]
+        if kind in ("display_data", "execute_result"):
+            text = "".join(out["data"].get("text/plain", "")).splitlines()
+            lines += text[:next((i + 1 for i, t in enumerate(text) if t.startswith("▸ more")),
+                                len(text))]
+        elif kind == "error":
+            lines += [line for tb in out["traceback"] for line in tb.splitlines()]
+        else:
+            lines += "".join(out["text"]).splitlines()
+    return [line for line in lines if line.strip()]
+
+
+def assert_launched_cells_open_with_their_box(stem, folder, timeout=300):
+    """Run every launched cell of notebook ``stem``'s blank release in a student's kernel
+    (nbclient, the release copied into ``folder``, as ``make lab`` does) and hold each one's
+    first screen (:data:`exercise_utils.display.FIRST_SCREEN` lines) to issue 39's rule: it
+    fails, its box's title ("✗ ...") is the first line or comes after at most three lines the
+    cell printed before its first launch, the box up to "▸ more" fits on the screen, and no
+    traceback shows on it. Returns ``{cell's first line: its first screen}``."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from exercise_utils.display import FIRST_SCREEN
+    nb, launched = launched_cells((ROOT / "notebooks" / f"{stem}.ipynb").read_text(), stem)
+    folder.mkdir(parents=True, exist_ok=True)
+    notebook = nbformat.reads(json.dumps(nb), as_version=4)
+    NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(folder)}}).execute()
+    screens, bad = {}, []
+    for index in launched:
+        cell = notebook.cells[index]
+        first = cell.source.splitlines()[0]
+        lines = rendered(cell.outputs)
+        screen = screens[first] = lines[:FIRST_SCREEN]
+        title = next((i for i, line in enumerate(lines) if line.startswith("✗ ")), None)
+        more = next((i for i, line in enumerate(lines) if line.startswith("▸ more")), None)
+        why = ("no box: the cell did not fail on the blank release (course-only? then name "
+               "it in COURSE_ONLY)" if title is None else
+               f"{title} lines before the box" if title > 3 else
+               "the box does not fit on the first screen" if more is None or more >= FIRST_SCREEN
+               else "a traceback on the first screen" if any(TRACEBACK.search(line)
+                                                              for line in screen) else None)
+        if why:
+            bad.append(f"{stem}, cell {first!r}: {why}:\n  " + "\n  ".join(screen))
+    assert not bad, "\n".join(bad)
+    return screens

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from exercise_utils.mpi_parallel_sgd import checks, probes
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 from grading import (assert_every_check_says, assert_failures_are_short,
+                     assert_launched_cells_open_with_their_box,
                      assert_passing_checks_print_one_line,
                      assert_ran_without_errors, autograde, graded_only, graded_text)
 
@@ -185,3 +186,10 @@ def test_autograde_solution_blank_and_deadlock(tmp_path):
         "# CHECK model_averaging"))
     text = json.dumps(check["outputs"])
     assert "hung: ranks issued different collectives?" in text
+
+
+@pytest.mark.timeout(420)
+def test_every_launched_cell_of_the_blank_release_opens_with_its_box(tmp_path):
+    """Issue 39: a student who runs a try cell, an experiment or a benchmark before finishing
+    the file meets the short box first (which function, what to do), no traceback."""
+    assert_launched_cells_open_with_their_box(STEM, tmp_path / "student")

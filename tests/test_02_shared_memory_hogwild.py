@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 from exercise_utils.shared_memory_hogwild import checks, experiments, probes, recorders, train
 from exercise_utils.shared_memory_hogwild.reference import reference_partition
-from grading import autograde_solution_and_blank
+from grading import (autograde_solution_and_blank,
+                     assert_launched_cells_open_with_their_box)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "02_shared_memory_hogwild"
@@ -310,3 +311,10 @@ def test_epoch_orders_shows_the_forgotten_set_epoch():
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
     graded, _ = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 1500)
+
+
+@pytest.mark.timeout(420)
+def test_every_launched_cell_of_the_blank_release_opens_with_its_box(tmp_path):
+    """Issue 39: a student who runs a try cell, an experiment or a benchmark before finishing
+    the file meets the short box first (which function, what to do), no traceback."""
+    assert_launched_cells_open_with_their_box(STEM, tmp_path / "student")

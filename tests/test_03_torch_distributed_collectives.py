@@ -23,7 +23,8 @@ from exercise_utils.torch_distributed_collectives import experiments as de
 from exercise_utils import cluster
 from exercise_utils.harness import run_ranks
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
-from grading import autograde_solution_and_blank
+from grading import (autograde_solution_and_blank,
+                     assert_launched_cells_open_with_their_box)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "03_torch_distributed_collectives"
@@ -455,3 +456,10 @@ def test_autograde_solution_and_blank(tmp_path):
     for row in network["rows"]:
         assert row["ring_ms"] >= 0.95 * row["bound_ms"], row     # nothing beats the link
         assert row["ring_of_link"] >= 0.8, row                    # the issue's goal
+
+
+@pytest.mark.timeout(420)
+def test_every_launched_cell_of_the_blank_release_opens_with_its_box(tmp_path):
+    """Issue 39: a student who runs a try cell, an experiment or a benchmark before finishing
+    the file meets the short box first (which function, what to do), no traceback."""
+    assert_launched_cells_open_with_their_box(STEM, tmp_path / "student")

@@ -16,7 +16,8 @@ from exercise_utils.resnet_cifar_data_parallel import (checks, checks_rank, prob
 from exercise_utils.resnet_cifar_data_parallel import experiments as cx
 from exercise_utils.bench import load_json
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
-from grading import autograde_solution_and_blank
+from grading import (autograde_solution_and_blank,
+                     assert_launched_cells_open_with_their_box)
 from test_data import make_cifar
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,3 +182,10 @@ def test_tables_and_plot(tmp_path):
 def test_autograde_solution_and_blank(tmp_path):
     graded, _ = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 900)
     assert "speed vs 1st" in graded and "gradient all-reduce, 2 gloo ranks" in graded
+
+
+@pytest.mark.timeout(420)
+def test_every_launched_cell_of_the_blank_release_opens_with_its_box(tmp_path):
+    """Issue 39: a student who runs a try cell, an experiment or a benchmark before finishing
+    the file meets the short box first (which function, what to do), no traceback."""
+    assert_launched_cells_open_with_their_box(STEM, tmp_path / "student")

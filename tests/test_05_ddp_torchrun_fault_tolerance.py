@@ -18,7 +18,8 @@ from exercise_utils.ddp_torchrun_fault_tolerance import (checks, digests, jobs, 
                                                          runner, simulate)
 from exercise_utils.ddp_torchrun_fault_tolerance import join as ddp_join
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
-from grading import autograde_solution_and_blank
+from grading import (autograde_solution_and_blank,
+                     assert_launched_cells_open_with_their_box)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "05_ddp_torchrun_fault_tolerance"
@@ -297,3 +298,10 @@ def test_gpu_run_uses_nccl_and_the_local_gpu(solution_file, tmp_path):
     assert final["attempt"] == 1 and final["epochs_run"] == 2
     sums = final["checksums"]
     assert all(max(abs(a - b) for a, b in zip(s, sums[0])) < 1e-6 for s in sums)
+
+
+@pytest.mark.timeout(420)
+def test_every_launched_cell_of_the_blank_release_opens_with_its_box(tmp_path):
+    """Issue 39: a student who runs a try cell, an experiment or a benchmark before finishing
+    the file meets the short box first (which function, what to do), no traceback."""
+    assert_launched_cells_open_with_their_box(STEM, tmp_path / "student")

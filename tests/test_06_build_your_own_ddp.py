@@ -21,7 +21,8 @@ from exercise_utils.build_your_own_ddp import bench, checks, checks_overlap, net
 from exercise_utils.build_your_own_ddp import expected, probes_grad, probes_init, reference
 from exercise_utils.notebook_files import extract_writefiles, writefile_cells
 import flaws
-from grading import assert_release_regions_in_function_bodies, autograde_solution_and_blank
+from grading import (assert_release_regions_in_function_bodies, autograde_solution_and_blank,
+                     assert_launched_cells_open_with_their_box)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "06_build_your_own_ddp"
@@ -305,3 +306,10 @@ def test_network_ratios_to_flat_are_paired_and_the_table_has_every_rate():
                            for r in network.with_flat_ratios(rows)])
     assert "| overlap | 1 | 105.0 (0.80) | 105.0 (0.80) |" in table
     assert "| *flat's all-reduce alone* | 1 | 100.0 | 100.0 |" in table
+
+
+@pytest.mark.timeout(420)
+def test_every_launched_cell_of_the_blank_release_opens_with_its_box(tmp_path):
+    """Issue 39: a student who runs a try cell, an experiment or a benchmark before finishing
+    the file meets the short box first (which function, what to do), no traceback."""
+    assert_launched_cells_open_with_their_box(STEM, tmp_path / "student")

@@ -18,7 +18,8 @@ from exercise_utils.bonus_zero_sharding import (bench, checks, checks_checkpoint
                                                 probes)
 from exercise_utils.bonus_zero_sharding.checks_sharded import greedy
 from exercise_utils.notebook_files import extract_writefiles
-from grading import assert_release_regions_in_function_bodies, autograde_solution_and_blank
+from grading import (assert_release_regions_in_function_bodies, autograde_solution_and_blank,
+                     assert_launched_cells_open_with_their_box)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "07_bonus_zero_sharding"
@@ -217,3 +218,10 @@ def assert_benchmark_rows(rows, tmp_path):
     assert "state MB (max rank)" in text and "torch zero" in text
     bench.plot(rows, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+@pytest.mark.timeout(420)
+def test_every_launched_cell_of_the_blank_release_opens_with_its_box(tmp_path):
+    """Issue 39: a student who runs a try cell, an experiment or a benchmark before finishing
+    the file meets the short box first (which function, what to do), no traceback."""
+    assert_launched_cells_open_with_their_box(STEM, tmp_path / "student")

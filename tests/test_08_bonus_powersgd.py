@@ -25,7 +25,8 @@ from exercise_utils.bonus_powersgd import reference as ref
 from exercise_utils.models import DropoutNet
 from exercise_utils.notebook_files import extract_writefiles
 from exercise_utils.rankworker import load_student
-from grading import assert_release_regions_in_function_bodies, autograde_solution_and_blank
+from grading import (assert_release_regions_in_function_bodies, autograde_solution_and_blank,
+                     assert_launched_cells_open_with_their_box)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "08_bonus_powersgd"
@@ -371,3 +372,10 @@ def test_network_break_even_is_where_the_measured_speedup_crosses_1():
             "11.0 (0.5x) | 1.0 kB | 0.500 | below 100 Mbit/s |") in text
     assert "| hidden 2048 (683,178 parameters) | PowerSGD r=2 | 24.0 (10.0x) |" in text
     assert f"| {network._rate(even)} |" in text and "Gbit/s" in network._rate(even)
+
+
+@pytest.mark.timeout(420)
+def test_every_launched_cell_of_the_blank_release_opens_with_its_box(tmp_path):
+    """Issue 39: a student who runs a try cell, an experiment or a benchmark before finishing
+    the file meets the short box first (which function, what to do), no traceback."""
+    assert_launched_cells_open_with_their_box(STEM, tmp_path / "student")

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from exercise_utils.bonus_fsdp import bench, checks, nets, shards
 from exercise_utils.bonus_fsdp.requirements import CONTRACT
 from exercise_utils.notebook_files import extract_writefiles
-from grading import assert_release_regions_in_function_bodies, autograde_solution_and_blank
+from grading import (assert_release_regions_in_function_bodies, autograde_solution_and_blank,
+                     assert_launched_cells_open_with_their_box)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "09_bonus_fsdp"
@@ -205,3 +206,10 @@ def assert_benchmark_rows(rows):
         zero3 = next(r for r in summary if (r["variant"], r["world_size"]) == ("zero3", world))
         assert zero3["peak_vs_fsdp2"] <= 1.1, zero3          # the notebook's memory goal
     assert "peak / FSDP2" in bench.table(rows)
+
+
+@pytest.mark.timeout(420)
+def test_every_launched_cell_of_the_blank_release_opens_with_its_box(tmp_path):
+    """Issue 39: a student who runs a try cell, an experiment or a benchmark before finishing
+    the file meets the short box first (which function, what to do), no traceback."""
+    assert_launched_cells_open_with_their_box(STEM, tmp_path / "student")

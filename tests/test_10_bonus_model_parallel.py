@@ -18,7 +18,8 @@ from exercise_utils import cluster
 from exercise_utils.bonus_model_parallel import (bench, checks, checks_pp, nets, network, orders,
                                                  probes_pp)
 from exercise_utils.notebook_files import extract_writefiles
-from grading import assert_release_regions_in_function_bodies, autograde_solution_and_blank
+from grading import (assert_release_regions_in_function_bodies, autograde_solution_and_blank,
+                     assert_launched_cells_open_with_their_box)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "10_bonus_model_parallel"
@@ -135,7 +136,8 @@ def test_the_tensor_parallel_check_reports_piece_by_piece(tmp_path):
         f"not implemented yet: ParallelMLP.from_mlp in {path} still raises NotImplementedError. "
         "Replace the `raise` line with your code, then run the %%writefile cell again. Finished "
         "and passing with 2 and 3 ranks: f and g, ColumnParallelLinear, RowParallelLinear. "
-        "Still to do: ParallelMLP.forward, ParallelAttention.from_attention, "
+        "Still to do in that file, in order: ParallelMLP.forward, "
+        "ParallelAttention.from_attention, "
         "ParallelAttention.forward."), str(err.value)
 
 
@@ -235,3 +237,10 @@ def test_network_expected_bytes_formulas():
     assert network.expected_bytes("pipeline", 1000, 10, 4, 4) == 2 * 10 + 80 * 4
     with pytest.raises(ValueError):
         network.expected_bytes("expert", 1, 1, 1, 1)
+
+
+@pytest.mark.timeout(420)
+def test_every_launched_cell_of_the_blank_release_opens_with_its_box(tmp_path):
+    """Issue 39: a student who runs a try cell, an experiment or a benchmark before finishing
+    the file meets the short box first (which function, what to do), no traceback."""
+    assert_launched_cells_open_with_their_box(STEM, tmp_path / "student")

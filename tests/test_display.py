@@ -95,6 +95,14 @@ CELLS = [
             "def later():\\n    raise NotImplementedError\\n\\n\\nDemo().shard()\\n")
         from exercise_utils import launch
         launch.mpiexec(unfinished, 2, timeout=60)'''),
+    # in the kernel itself (issue 39): a student's function not written yet, a name only an
+    # earlier cell sets, what a cell needs first; errors of other kinds keep their traceback
+    "import runpy\nprint('before')\nrunpy.run_path(str(unfinished))",
+    "print(set_by_an_earlier_cell)",
+    "from exercise_utils.display import NotReady\nraise NotReady('not there yet: x.pt\\nRun the "
+    "cell above first.')",
+    "raise NotImplementedError('the cell itself')",
+    "exec(compile('undefined_name', str(blank.parent / 'lib.py'), 'exec'))",   # not the cell's
 ]
 
 
@@ -129,9 +137,24 @@ def test_in_a_kernel_a_passed_check_is_one_line_and_a_failure_a_short_box():
     box = next(o for o in todo if o.output_type == "display_data")
     text = box.data["text/plain"]
     assert text.startswith("✗ not implemented yet: Demo.shard\nDemo.shard in "), text
-    assert "Still to write in that file, in order: later." in " ".join(text.split()), text
+    assert "Still to do in that file, in order: later." in " ".join(text.split()), text
     screen = first_screen(json.dumps([o for o in todo if o.output_type != "stream"]))
     assert len(screen) <= display.FIRST_SCREEN, screen
+    assert todo[0].output_type == "display_data" and todo[0].data["text/plain"] == text, todo
+    for index, title, first in ((7, "✗ not implemented yet: Demo.shard", "Demo.shard in "),
+                                (8, "✗ name 'set_by_an_earlier_cell' is not defined",
+                                 "This cell uses `set_by_an_earlier_cell`, which no cell"),
+                                (9, "✗ not there yet: x.pt", "Run the cell above first.")):
+        shown = first_screen(json.dumps(nb.cells[index].outputs))
+        shown = shown[1:] if index == 7 and shown[0] == "before" else shown   # (its own print)
+        assert shown[0] == title and shown[1].startswith(first), shown
+        assert len(shown) <= display.FIRST_SCREEN and not any(
+            "Traceback" in line or "File" in line for line in shown), shown
+    assert first_screen(json.dumps(nb.cells[7].outputs))[-1] == "NotImplementedError: "
+    for index in (10, 11):                       # not the student's file, not the cell: as ever
+        error = nb.cells[index].outputs[-1]
+        assert [o.output_type for o in nb.cells[index].outputs] == ["error"], index
+        assert len(error.traceback) > 1, error
     # the time a check prints is its cell's, from the cell's start (the cell's imports too)
     late = nb.cells[5].outputs
     assert [o.output_type for o in late] == ["stream"], late
@@ -165,7 +188,7 @@ def test_a_launch_stopped_by_unwritten_code_names_the_function(tmp_path):
            f'NotImplementedError\n[rank1]: NotImplementedError\n')
     name, message = display.not_written(out)
     assert name == "A.f" and message.startswith(f"A.f in {path} still raises "), message
-    assert message.endswith("Still to write in that file, in order: g."), message
+    assert message.endswith("Still to do in that file, in order: g."), message
     # raised in a library's function of the same name: an ordinary error
     assert display.not_written(out.replace("[rank1]: NotImplementedError\n", "")) is None
     assert display.not_written("ValueError: x") is None

@@ -79,7 +79,7 @@ def test_not_implemented_yet(tmp_path):
         """)
     with pytest.raises(AssertionError, match="not implemented yet: reduce") as err:
         run_ranks(path, GLOO_SUM, 2, "gloo", timeout=60)
-    assert str(err.value).endswith("Still to do in the same file: later, Later.step.")
+    assert str(err.value).endswith("Still to do in that file, in order: later, Later.step.")
     assert notebook_files.unimplemented(path) == ["reduce", "later", "Later.step"]
     many = tmp_path / "many.py"
     many.write_text("".join(f"def f{i}():\n    raise NotImplementedError\n" for i in range(5)))

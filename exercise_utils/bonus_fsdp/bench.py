@@ -25,6 +25,7 @@ import gc
 import os
 import sys
 import time
+import warnings
 
 from ..config import quick
 
@@ -101,6 +102,11 @@ def _sampler(model, peak, base):
         if peak["on"]:
             witness.watch(module, ("weight", "bias"))
         sample()
+    # The first layer's input needs no gradient, so torch warns that its full backward hook
+    # fires on the outputs' gradients only: all this hook does is sample memory, so that is
+    # fine (the warning filled a student's output twice a run)
+    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients "
+                            "are computed with respect to module outputs")
     handles = []
     for m in model.modules():
         if isinstance(m, torch.nn.Linear):

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from ..contract import CheckFailure
+from ..notebook_files import unwritten
 from ..harness import HANG_AFTER, observing, run_ranks, salting
 from ..recorder import verify_no_hidden
 from . import nets, probes, references
@@ -87,10 +88,8 @@ def stage_results(path, stages, stage):
         for out in res:
             for name in stages:
                 if "todo" in out[name]:
-                    raise CheckFailure(
-                        f"not implemented yet: {out[name]['todo']} in {path} still raises "
-                        "NotImplementedError. Replace the `raise` line with your code, then "
-                        "run the %%writefile cell again.")
+                    raise CheckFailure("not implemented yet: " +
+                                       unwritten(out[name]["todo"], path))
         salts = salts_of(path, size, stages)
         yield size, [references.attach(stage, size, out[stage], salts) for out in res]
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, observing, run_ranks
-from ..notebook_files import unimplemented
+from ..notebook_files import unimplemented, unwritten
 from ..recorder import verify_no_hidden
 from . import probes
 from .nets import BLOCKS, PARAMS, blocks, reference, rows_of, shard
@@ -95,12 +95,9 @@ def _unfinished(todo, path):
     the pieces that passed, the rest still to do."""
     classes = {name.split(".")[0] for name in todo}
     passed = [piece for piece, members in PIECES if not classes & set(members)]
-    raise CheckFailure(
-        f"not implemented yet: {todo[0]} in {path} still raises NotImplementedError. Replace "
-        "the `raise` line with your code, then run the %%writefile cell again."
-        + (f" Finished and passing with {' and '.join(map(str, WORLD_SIZES))} ranks: "
-           f"{', '.join(passed)}." if passed else "")
-        + (f" Still to do: {', '.join(todo[1:])}." if len(todo) > 1 else ""))
+    raise CheckFailure("not implemented yet: " + unwritten(
+        todo[0], path, todo[1:], passed=f"Finished and passing with "
+        f"{' and '.join(map(str, WORLD_SIZES))} ranks: {', '.join(passed)}." if passed else ""))
 
 
 def _describe(name):

@@ -58,6 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import CheckFailure, fail
+from ..notebook_files import unwritten
 from ..harness import HANG_AFTER, check, observing, run_ranks
 from . import probes_pp
 from .nets import PP_LAYERS, PP_RUNS, PP_WIDTHS, pp_reference, pp_runs
@@ -94,9 +95,7 @@ def _exists(path):
 
 
 def _todo(path, todo):
-    raise CheckFailure(f"not implemented yet: {todo} in {path} still raises "
-                       "NotImplementedError. Replace the `raise` line with your code, then run "
-                       "the %%writefile cell again.")
+    raise CheckFailure("not implemented yet: " + unwritten(todo, path))
 
 
 # ---------------------------------------------------------------- schedules

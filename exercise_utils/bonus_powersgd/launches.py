@@ -10,6 +10,7 @@ import hashlib
 from pathlib import Path
 
 from ..contract import CheckFailure
+from ..notebook_files import unwritten
 from ..harness import HANG_AFTER, observing, run_ranks
 from . import probes
 
@@ -47,10 +48,7 @@ def _results(path, stage, timeout):
     for out in res:
         todo = out[stage].get("todo")
         if todo:
-            raise CheckFailure(
-                f"not implemented yet: {todo} in {path} still raises NotImplementedError. "
-                f"Replace the `raise` line with your code, then run the %%writefile cell "
-                f"again.")
+            raise CheckFailure("not implemented yet: " + unwritten(todo, path))
     if stage != "powersgd":
         yield 1, [res[0][stage]]
         return

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import CheckFailure, fail
+from ..notebook_files import unwritten
 from ..harness import HANG_AFTER, check, observing, run_ranks
 from . import probes, replay, wire
 from .checks_memory import check_memory, expected_bytes  # noqa: F401 - the CHECK cell imports
@@ -55,9 +56,7 @@ _CACHE = {}        # (file digest, world size, observed) -> {"results", "errors"
 
 
 def _not_implemented(todo, path):
-    return CheckFailure(f"not implemented yet: {todo} in {path} still raises "
-                        f"NotImplementedError. Replace the `raise` line with your code, then "
-                        f"run the %%writefile cell again.")
+    return CheckFailure("not implemented yet: " + unwritten(todo, path))
 
 
 # ---------------------------------------------------------------- launching, caching

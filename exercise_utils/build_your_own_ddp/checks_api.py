@@ -16,6 +16,7 @@ import hashlib
 from pathlib import Path
 
 from ..contract import CheckFailure, fail
+from ..notebook_files import unwritten
 from ..harness import run_ranks
 from . import probes_init
 from . import reference as ref
@@ -69,9 +70,7 @@ def _check_one(case, launcher, size, per_node, opts, rank, report):
     env = launcher_env(launcher, rank, size, per_node)
     where = f"{_where(launcher, size, per_node, opts)}, on rank {rank} ({env or 'no variables'})"
     if report.get("error", "").startswith("NotImplementedError"):
-        raise CheckFailure("not implemented yet: init in 06_myddp.py still raises "
-                           "NotImplementedError. Replace the `raise` line with your code, then "
-                           "run the %%writefile cell again.")
+        raise CheckFailure("not implemented yet: " + unwritten("init", "06_myddp.py"))
     if "error" in report:
         taken = "EADDRINUSE" in report["error"] or "address already in use" in report["error"]
         fail(case, f"init() {where} raised {report['error'][:600]}" + (

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from ..contract import CheckFailure
+from ..notebook_files import unwritten
 from ..harness import HANG_AFTER, observing, run_ranks, salting
 from .. import recorder
 from . import probes
@@ -161,6 +162,4 @@ def raise_if_todo(res, path):
     for out in res:
         todo = (out.get("init") or {}).get("todo") or out.get("todo")
         if todo:
-            raise CheckFailure(f"not implemented yet: {todo} in {path} still raises "
-                                 f"NotImplementedError. Replace the `raise` line with your "
-                                 f"code, then run the %%writefile cell again.")
+            raise CheckFailure("not implemented yet: " + unwritten(todo, path))

@@ -23,7 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .. import launch
+from .. import display, launch
 from . import runner
 from ..launch import agent_command
 
@@ -79,6 +79,8 @@ def run(cluster, trainer, mode, args, kill_at_step, prefix="work/05_node", timeo
         cluster.run_many(jobs, labels=labels, timeout=timeout, echo=echo, may_fail=[1],
                          what=f"the two-host job ({mode})", env=ENV, transcript=lines)
     except launch.LaunchError as err:
+        if display.not_written(err.output or ""):      # the trainer is not written yet: no
+            raise                                      # story to tell, the box says what to do
         result.update(ok=False, error=_last_error(err.output))
     end = time.time()
     died = float(marker.read_text()) if marker.exists() and marker.read_text() else None

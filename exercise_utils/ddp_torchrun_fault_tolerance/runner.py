@@ -308,8 +308,16 @@ def compare(reference, other):
         ``steps`` and ``epochs`` (pairs), ``attempts`` (pair: 0 = never restarted) and
         ``replica_spread`` (pair: the largest difference of a parameter checksum between
         any rank and rank 0, within each run).
+    Raises:
+        NotReady: a file is missing (the run that writes it has not finished).
     """
     import torch
+    missing = [str(p) for p in (reference, other) if not os.path.exists(p)]
+    if missing:
+        from ..display import NotReady
+        raise NotReady(f"not there yet: {' and '.join(missing)}\nThe runs that write "
+                       f"{'them' if len(missing) > 1 else 'it'} (the cell above) have not "
+                       "finished: finish what that cell names, run it, then this cell.")
     a, b = (torch.load(p, map_location="cpu") for p in (reference, other))
     diff = max(float((a["model"][k].double() - b["model"][k].double()).abs().max())
                for k in a["model"])
