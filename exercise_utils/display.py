@@ -133,6 +133,7 @@ class Failure:
         keep = FIRST_SCREEN - 3          # the title, the "more" line and the error line
         self.first, more = lines[:keep], lines[keep:]
         frames = _frames(tb if tb is not None else err.__traceback__)
+        self.folded = "the rest of the message, the checker's traceback"
         self.rest = more + (["", "The checker's traceback (most recent call last):"] +
                             ["  " + f for f in frames] if frames else [])
 
@@ -156,6 +157,7 @@ class Failure:
         output = (getattr(err, "output", "") or "").splitlines()
         frames = _frames(tb if tb is not None else err.__traceback__)
         cmd = getattr(err, "cmd", None)
+        self.folded = "the ranks' output, the command"
         self.rest = ([f"The output ({len(output)} lines, the last 200; all of it in the "
                       f"error's .output):"] + [f"  {line}" for line in output[-200:]] +
                      (["", "The command:", *("  " + c for c in _lines(" ".join(map(str, cmd))))]
@@ -185,6 +187,7 @@ class Failure:
             self.title, lines = f"✗ {lines[0]}", lines[1:]
         keep = FIRST_SCREEN - 3
         self.first, more = lines[:keep], lines[keep:]
+        self.folded = "the traceback"
         self.rest = more + ["", f"The traceback ({type(err).__name__}, most recent call last):"
                             ] + [f"  {f.filename}:{f.lineno} in {f.name}" for f in frames]
 
@@ -203,8 +206,8 @@ class Failure:
         body = html.escape("\n".join(self.first))
         more = ""
         if self.rest:
-            more = (f"<details><summary>more: the rest of the message and the checker's "
-                    f"traceback ({len(self.rest)} lines)</summary><pre style=\"white-space: "
+            more = (f"<details><summary>more ({len(self.rest)} lines: {self.folded})</summary>"
+                    f"<pre style=\"white-space: "
                     f"pre-wrap\">{html.escape(chr(10).join(self.rest))}</pre></details>")
         return (f"<div style=\"border-left: 4px solid #c62828; padding: 2px 8px; "
                 f"background: #fff5f5\"><b>{html.escape(self.title)}</b>"

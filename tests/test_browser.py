@@ -21,8 +21,17 @@ mouse and keyboard (no call to the kernel behind the browser's back):
    (:func:`exercise_utils.display.summary`: ``✓ check_shards: all checks passed (...)``), with
    no error box and no stderr.
 
+A second test does issue 39's steps on notebook 10 the same way (one exercise cell that writes
+the whole file): the skeleton's tensor-parallel check says what to write first; the benchmark
+cell on the unfinished file shows the short box first, without a traceback; the first pieces
+typed in with one realistic bug (the row-parallel layer's bias added before the all-reduce,
+the MLP and the attention still as released: ``tests/wrong/10_flaws.py``'s
+``bias_before_all_reduce_blocks_unfinished``) make the check name the bug, not the unfinished
+pieces; the finished file passes in one line.
+
 Screenshots of every stage are kept as test artifacts in ``$DTFS_ARTIFACTS/browser`` (default
-``work/artifacts/browser``, git-ignored), also of the stage a failure stopped at.
+``work/artifacts/browser``, git-ignored; ``01-*`` and ``10-*``), also of the stage a failure
+stopped at.
 
 The browser comes from where it can: the module's set-up installs playwright from PyPI into
 this interpreter's environment (``pip install playwright``) and Debian's ``chromium`` (root and
@@ -34,6 +43,7 @@ outlives the test: every process the test started is stopped in a ``finally``.
 Run it alone (it loads the machine): ``.venv/bin/python -m pytest tests/test_browser.py -m
 serial -s``.
 """
+import contextlib
 import importlib
 import json
 import os
@@ -56,6 +66,8 @@ from exercise_utils.processes import kill_processes
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import student  # noqa: E402  (scripts/student.py: what `make lab` runs first)
+
+import flaws  # noqa: E402  (tests/flaws.py: the wrong files, as patches of the solution)
 
 STEM = "01_mpi_parallel_sgd"
 NOTEBOOK = f"{STEM}.ipynb"
@@ -202,10 +214,10 @@ def _cell_source(notebook, grade_id):
     return source
 
 
-def _solved_source():
-    """The first exercise as a student would type it: the solution's cell without nbgrader's
+def _solved_source(notebook, grade_id):
+    """An exercise as a student would type it: the solution's cell without nbgrader's
     ``### BEGIN/END SOLUTION`` lines."""
-    source = _cell_source(ROOT / "solutions" / NOTEBOOK, EXERCISE)
+    source = _cell_source(ROOT / "solutions" / notebook, grade_id)
     return "\n".join(line for line in source.splitlines()
                      if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION")) + "\n"
 
@@ -220,11 +232,15 @@ class Lab:
 
     def code_cell(self, text):
         """The notebook's first code cell with a line of source that contains ``text``."""
-        cells = self.page.locator(".jp-NotebookPanel:visible .jp-CodeCell")
+        cells = self.page.locator(".jp-NotebookPanel:visible .jp-Cell")
         line = self.page.locator(".jp-InputArea-editor .cm-line", has_text=text)
         cell = cells.filter(has=line).first
         self.expect(cell).to_be_visible(timeout=UI_MS)
-        return cell
+        # by its place, not its text: the editor draws only the lines in view, so a long
+        # cell scrolled past its first line would no longer be found by it
+        index = cell.evaluate("c => Array.from(c.closest('.jp-Notebook')"
+                              ".querySelectorAll('.jp-Cell')).indexOf(c)")
+        return cells.nth(index)
 
     def run(self, cell, timeout_ms):
         """Click into the cell's editor, press Shift+Enter and wait until the cell's prompt
@@ -267,18 +283,15 @@ class Lab:
             print(f"browser test: screenshot {path}", flush=True)
 
 
-@pytest.mark.serial
-@pytest.mark.timeout(600)
-def test_first_exercise_in_the_browser(browser_kit, tmp_path):
-    api, chromium = browser_kit
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for old in ARTIFACTS.glob("*.png"):        # this run's screenshots only
-        old.unlink()
-
-    # 1. `make lab` on a temporary copy: the student's folder, its settings, its server.
+@contextlib.contextmanager
+def student_lab(api, chromium, tmp_path, notebook):
+    """``make lab`` on a temporary copy, a headless browser on it and ``notebook`` opened from
+    the file browser: yields ``(Lab, the student's folder)``. Screenshots the page where the
+    block fails; stops every process it started (the server, its kernel and what that
+    started, playwright's driver, chromium) and asserts that none is left."""
     folder = tmp_path / "student"
     assert student.main(["--folder", str(folder), "--release", str(ROOT / "notebooks")]) == 0
-    assert (folder / NOTEBOOK).exists() and (folder / ".jupyter" / "labconfig").is_dir()
+    assert (folder / notebook).exists() and (folder / ".jupyter" / "labconfig").is_dir()
     log_path = tmp_path / "lab.log"
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
@@ -296,54 +309,13 @@ def test_first_exercise_in_the_browser(browser_kit, tmp_path):
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
                 page.set_default_timeout(UI_MS)
                 lab = Lab(page, api.expect)
-
-                # 2. Open notebook 01 from the file browser of the student's lab.
                 page.goto(f"{base}/lab?token={TOKEN}")
-                item = page.locator(".jp-DirListing-item", has_text=NOTEBOOK)
-                item.dblclick()
-                setup = lab.code_cell("# Setup (run first)")
-                lab.shot("1-notebook-opened")
-
-                # The setup cell: the kernel starts, imports the course's package.
-                lab.run(setup, SETUP_MS)
-                assert "quick mode" in " ".join(lab.output_text(setup)), lab.output_text(setup)
-                lab.shot("2-setup-ran", setup)
-
-                # 3. The first exercise as released (a skeleton), then its CHECK.
-                exercise = lab.code_cell(f"%%writefile work/{EXERCISE}.py")
-                check = lab.code_cell(f"# CHECK {CHECK.removeprefix('check_')}")
-                assert "raise NotImplementedError" in _cell_source(folder / NOTEBOOK, EXERCISE)
-                lab.run(exercise, CELL_MS)
-                assert (folder / "work" / f"{EXERCISE}.py").exists()
-                lab.run(check, CHECK_MS)
-                first_screen = lab.output_text(check)[:FIRST_SCREEN]
-                lab.shot("3-skeleton-check-failed", check)
-                print("browser test: the failed check's first screen:\n  " +
-                      "\n  ".join(first_screen), flush=True)
-                assert first_screen and first_screen[0].startswith(f"✗ {CHECK} failed"), \
-                    first_screen
-                assert "not implemented yet" in "\n".join(first_screen), first_screen
-
-                # 4. Solve it: type the solution into the exercise cell, run it again.
-                solved = _solved_source()
-                lab.type_into(exercise, solved)
-                lab.run(exercise, CELL_MS)
-                written = (folder / "work" / f"{EXERCISE}.py").read_text()
-                assert written.strip() == solved.split("\n", 1)[1].strip(), \
-                    "the file the cell wrote is not what was typed into its editor"
-                lab.shot("4-solved-exercise-written", exercise)
-
-                # 5. Its CHECK again: one line, the pass.
-                lab.run(check, CHECK_MS)
-                passed = lab.output_text(check)
-                lab.shot("5-check-passed", check)
-                print(f"browser test: the passed check: {passed}", flush=True)
-                assert len(passed) == 1, passed
-                assert re.fullmatch(rf"✓ {CHECK}: all checks passed \(.+, \d+\.\d s\)",
-                                    passed[0]), passed
-                errors = check.locator(
-                    '[data-mime-type="application/vnd.jupyter.stderr"], .jp-RenderedHTMLCommon')
-                assert errors.count() == 0, "an error box or stderr beside the pass"
+                page.locator(".jp-DirListing-item", has_text=notebook).dblclick()
+                # a Shift+Enter pressed before the kernel is up runs nothing: wait for it,
+                # as a student waits for the status bar's "Idle"
+                api.expect(page.locator(".jp-StatusBar-Widget", has_text="| Idle").first
+                           ).to_be_visible(timeout=SETUP_MS)
+                yield lab, folder
             except BaseException:
                 if lab is not None:
                     try:
@@ -357,8 +329,6 @@ def test_first_exercise_in_the_browser(browser_kit, tmp_path):
         print(f"browser test: the lab's log ends:\n{log_path.read_text(errors='replace')[-3000:]}")
         raise
     finally:
-        # Everything this test started: the server, its kernel (and anything the kernel
-        # started), playwright's driver and chromium.
         started = [p for p in me.children(recursive=True) if p.pid not in before]
         if server is not None:
             try:
@@ -370,3 +340,126 @@ def test_first_exercise_in_the_browser(browser_kit, tmp_path):
             server.wait(timeout=30)
         left = [p for p in me.children(recursive=True) if p.pid not in before]
         assert not left, f"processes left behind: {[p.cmdline() for p in left]}"
+
+
+def _fresh_artifacts(prefix):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for old in ARTIFACTS.glob(f"{prefix}*.png"):        # this run's screenshots only
+        old.unlink()
+
+
+@pytest.mark.serial
+@pytest.mark.timeout(600)
+def test_first_exercise_in_the_browser(browser_kit, tmp_path):
+    api, chromium = browser_kit
+    _fresh_artifacts("01-")
+    with student_lab(api, chromium, tmp_path, NOTEBOOK) as (lab, folder):
+        # 1-2. `make lab` on a temporary copy, notebook 01 opened from its file browser
+        setup = lab.code_cell("# Setup (run first)")
+        lab.shot("01-1-notebook-opened")
+
+        # The setup cell: the kernel starts, imports the course's package.
+        lab.run(setup, SETUP_MS)
+        assert "quick mode" in " ".join(lab.output_text(setup)), lab.output_text(setup)
+        lab.shot("01-2-setup-ran", setup)
+
+        # 3. The first exercise as released (a skeleton), then its CHECK.
+        exercise = lab.code_cell(f"%%writefile work/{EXERCISE}.py")
+        check = lab.code_cell(f"# CHECK {CHECK.removeprefix('check_')}")
+        assert "raise NotImplementedError" in _cell_source(folder / NOTEBOOK, EXERCISE)
+        lab.run(exercise, CELL_MS)
+        assert (folder / "work" / f"{EXERCISE}.py").exists()
+        lab.run(check, CHECK_MS)
+        first_screen = lab.output_text(check)[:FIRST_SCREEN]
+        lab.shot("01-3-skeleton-check-failed", check)
+        print("browser test: the failed check's first screen:\n  " +
+              "\n  ".join(first_screen), flush=True)
+        assert first_screen and first_screen[0].startswith(f"✗ {CHECK} failed"), first_screen
+        assert "not implemented yet" in "\n".join(first_screen), first_screen
+
+        # 4. Solve it: type the solution into the exercise cell, run it again.
+        solved = _solved_source(NOTEBOOK, EXERCISE)
+        lab.type_into(exercise, solved)
+        lab.run(exercise, CELL_MS)
+        written = (folder / "work" / f"{EXERCISE}.py").read_text()
+        assert written.strip() == solved.split("\n", 1)[1].strip(), \
+            "the file the cell wrote is not what was typed into its editor"
+        lab.shot("01-4-solved-exercise-written", exercise)
+
+        # 5. Its CHECK again: one line, the pass.
+        lab.run(check, CHECK_MS)
+        lab.shot("01-5-check-passed", check)
+        _assert_passed(lab, check, CHECK)
+
+
+def _assert_passed(lab, check, name):
+    """The check's output is the one line of a pass, no error box, no stderr."""
+    passed = lab.output_text(check)
+    print(f"browser test: the passed check: {passed}", flush=True)
+    assert len(passed) == 1, passed
+    assert re.fullmatch(rf"✓ {name}: all checks passed \(.+, \d+\.\d s\)", passed[0]), passed
+    errors = check.locator(
+        '[data-mime-type="application/vnd.jupyter.stderr"], .jp-RenderedHTMLCommon')
+    assert errors.count() == 0, "an error box or stderr beside the pass"
+
+
+NB10 = "10_bonus_model_parallel.ipynb"
+FILE10 = "10_model_parallel"              # grade_id of its one exercise cell (the file)
+BENCH_MS = 240_000                        # the benchmark cell on an unfinished file
+
+
+@pytest.mark.serial
+@pytest.mark.timeout(900)
+def test_notebook_10_piece_by_piece_in_the_browser(browser_kit, tmp_path):
+    """Issue 39's steps on notebook 10: the skeleton's check says what is not written; the
+    benchmark on the unfinished file shows the short box first, no traceback; the first
+    pieces written with one realistic bug (the row-parallel bias added before the
+    all-reduce, the MLP and attention still as released): the check names the bug, not the
+    unfinished pieces; the file finished: the check passes in one line."""
+    api, chromium = browser_kit
+    _fresh_artifacts("10-")
+    flaw = next(f for f in flaws.load("10")
+                if f.name == "bias_before_all_reduce_blocks_unfinished")
+    solved = _solved_source(NB10, FILE10)
+    head = solved.split("\n", 1)[0] + "\n"
+    buggy = head + flaws.apply(flaws.solution_file("10", f"{FILE10}.py"), flaw.patch)
+    with student_lab(api, chromium, tmp_path, NB10) as (lab, folder):
+        setup = lab.code_cell("# Setup (run first)")
+        lab.run(setup, SETUP_MS)
+        exercise = lab.code_cell(f"%%writefile work/{FILE10}.py")
+        check = lab.code_cell("# CHECK tensor_parallel")
+        bench = lab.code_cell("bench_rows = bench.run()")
+
+        # the skeleton: the check says what to write first
+        lab.run(exercise, CELL_MS)
+        lab.run(check, CHECK_MS)
+        screen = lab.output_text(check)[:FIRST_SCREEN]
+        lab.shot("10-1-skeleton-check", check)
+        assert screen[0].startswith("✗ check_tensor_parallel failed"), screen
+        assert "not implemented yet: CopyToParallel.forward" in " ".join(screen), screen
+
+        # the benchmark on the unfinished file: the box first, no traceback on the screen
+        lab.run(bench, BENCH_MS)
+        screen = lab.output_text(bench)[:FIRST_SCREEN]
+        lab.shot("10-2-benchmark-unfinished", bench)
+        print("browser test: the benchmark's first screen:\n  " + "\n  ".join(screen))
+        assert screen[0].startswith("✗ not implemented yet: "), screen
+        assert not any("Traceback" in line or 'File "' in line for line in screen), screen
+
+        # the first pieces, with the bias bug: the check names it
+        lab.type_into(exercise, buggy)
+        lab.run(exercise, CELL_MS)
+        lab.run(check, CHECK_MS)
+        screen = lab.output_text(check)[:FIRST_SCREEN]
+        lab.shot("10-3-first-pieces-with-a-bug", check)
+        print("browser test: the buggy pieces' first screen:\n  " + "\n  ".join(screen))
+        assert screen[0].startswith("✗ check_tensor_parallel failed"), screen
+        assert flaw.expect in " ".join(" ".join(screen).split()), screen
+        assert "not implemented yet" not in " ".join(screen), screen
+
+        # finished: one line
+        lab.type_into(exercise, solved)
+        lab.run(exercise, CELL_MS)
+        lab.run(check, CHECK_MS)
+        lab.shot("10-4-finished", check)
+        _assert_passed(lab, check, "check_tensor_parallel")
