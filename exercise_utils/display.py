@@ -261,8 +261,9 @@ def show_failure(shell, etype, value, tb, tb_offset=None):
 
 
 def install():
-    """In an IPython kernel, show every CheckFailure as a :class:`Failure` box; elsewhere (a
-    script, pytest) nothing changes. Returns whether it was installed."""
+    """In an IPython kernel, show every CheckFailure as a :class:`Failure` box and define the
+    ``%%part`` magic (:func:`.notebook_files.part_magic`); elsewhere (a script, pytest)
+    nothing changes. Returns whether it was installed."""
     if "IPython" not in sys.modules:     # no kernel here (a rank, a script): import nothing
         return False
     from IPython import get_ipython
@@ -270,8 +271,10 @@ def install():
     if shell is None:
         return False
     from .launch import LaunchError
+    from .notebook_files import part_magic
     shell.set_custom_exc((CheckFailure, LaunchError, NotReady, NotImplementedError, NameError),
                          show_failure)
+    shell.register_magic_function(part_magic, "cell", "part")    # one file over several cells
     if _cell_started not in shell.events.callbacks["pre_run_cell"]:
         shell.events.register("pre_run_cell", _cell_started)
         shell.events.register("post_run_cell", _cell_finished)

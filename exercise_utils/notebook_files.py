@@ -1,4 +1,5 @@
-"""Read the ``%%writefile`` cells of a notebook: the student files an exercise writes.
+"""Read the ``%%writefile`` cells of a notebook: the student files an exercise writes, and the
+``%%part`` cells that build one file over several cells (:func:`part_magic`).
 
 Tests and ``make demo`` use this to get the reference solution files straight
 from ``solutions/NN_topic.ipynb`` (the one source of truth), instead of keeping
@@ -11,13 +12,18 @@ the checks' and the launches' messages (:mod:`.harness`, :mod:`.display`, notebo
 """
 import ast
 import json
+import re
 from pathlib import Path
 
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+PART_RE = re.compile(r"^%%part\s+(?P<path>\S+)\s+(?P<k>\d+)/(?P<n>\d+)\s*$")
+PART_MARK = "# ---- part {k}/{n} of this file: from the notebook's cell `%%part {path} {k}/{n}`"
+PART_MARK_RE = re.compile(r"^# ---- part (\d+)/(\d+) of this file: ")
 
 
 def writefile_cells(notebook):
-    """Return ``{relative path: file text}`` for every ``%%writefile`` cell of ``notebook``.
+    """Return ``{relative path: file text}`` for every ``%%writefile`` cell of ``notebook``,
+    and every file its ``%%part`` cells build (:func:`with_part`, parts in notebook order).
 
     Solution markers are removed (their content kept); a later cell writing the same
     path wins, as it would when the notebook runs top to bottom.
@@ -27,11 +33,62 @@ def writefile_cells(notebook):
     for cell in cells:
         src = "".join(cell.get("source", ""))
         first, _, body = src.partition("\n")
-        if cell.get("cell_type") == "code" and first.startswith("%%writefile"):
-            target = first.split()[-1]
-            lines = [ln for ln in body.split("\n") if ln.strip() not in MARKERS]
-            files[target] = "\n".join(lines).rstrip("\n") + "\n"
+        if cell.get("cell_type") != "code":
+            continue
+        lines = [ln for ln in body.split("\n") if ln.strip() not in MARKERS]
+        text = "\n".join(lines).rstrip("\n") + "\n"
+        part = PART_RE.match(first)
+        if part:
+            target = part["path"]
+            files[target] = with_part(files.get(target, ""), target, int(part["k"]),
+                                      int(part["n"]), text)
+        elif first.startswith("%%writefile"):
+            files[first.split()[-1]] = text
     return files
+
+
+def parts_of(text):
+    """``{k: text of part k}`` of a file built by ``%%part`` cells (:func:`with_part`); text
+    before the first part's mark (a file written otherwise) is left out."""
+    parts, current = {}, None
+    for line in text.splitlines(keepends=True):
+        mark = PART_MARK_RE.match(line)
+        if mark:
+            current = int(mark[1])
+            parts[current] = ""
+        elif current is not None:
+            parts[current] += line
+    return parts
+
+
+def with_part(text, path, k, n, body):
+    """The text of file ``path`` (now ``text``) with its part ``k`` of ``n`` set to ``body``:
+    each part follows a mark line that names its cell, the parts in order, those not
+    written yet absent; the other parts are kept as they were."""
+    if not 1 <= k <= n:
+        raise ValueError(f"%%part {path} {k}/{n}: the part must be between 1 and {n}")
+    parts = {i: t for i, t in parts_of(text).items() if i <= n}
+    parts[k] = body if body.endswith("\n") or not body else body + "\n"
+    return "".join(PART_MARK.format(k=i, n=n, path=path) + "\n" + parts[i]
+                   for i in sorted(parts))
+
+
+def part_magic(line, cell):
+    """The ``%%part PATH K/N`` cell magic: write the cell as part K of the N parts of file
+    PATH, keeping the parts other cells wrote (:func:`with_part`), and say which parts are
+    still to run. One exercise file is built over several cells this way (issue 39):
+    re-running any of them replaces only its own part."""
+    found = PART_RE.match(f"%%part {line.strip()}")
+    if not found:
+        raise ValueError(f"usage: %%part PATH K/N (got %%part {line.strip()})")
+    path, k, n = Path(found["path"]), int(found["k"]), int(found["n"])
+    old = path.read_text() if path.exists() else ""
+    new = with_part(old, found["path"], k, n, cell)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(new)
+    todo = [i for i in range(1, n + 1) if i not in parts_of(new)]
+    print(f"Wrote part {k}/{n} of {path}" +
+          (f" (parts not run yet: {', '.join(map(str, todo))})" if todo else ""))
 
 
 def extract_writefiles(notebook, dest):
@@ -82,9 +139,29 @@ def unwritten(names, path, later=(), this_cell=False, passed=""):
     before it; a box has that in its title."""
     names = [names] if isinstance(names, str) else list(names)
     later = list(later)
+    part = _part_with(path, names[0])
     return (f"{', '.join(names)} in {path} still raise{'s' * (len(names) == 1)} "
             "NotImplementedError. Replace the `raise` line with your code, then run the "
-            f"%%writefile cell again{', then this cell' if this_cell else ''}."
+            + (f"cell `%%part {part}` again" if part else "%%writefile cell again")
+            + f"{', then this cell' if this_cell else ''}."
             + (f" {passed}" if passed else "")
             + (f" Still to do in that file, in order: {', '.join(later[:6])}"
                + (", ..." if len(later) > 6 else "") + "." if later else ""))
+
+
+def _part_with(path, name):
+    """``"PATH K/N"`` of the ``%%part`` cell whose part of the file at ``path`` defines
+    ``name`` (a function or ``Class.method``), or None (no parts, not found, no file)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, ValueError):
+        return None
+    func = name.split(".")[-1]
+    for line in text.splitlines():
+        mark = PART_MARK_RE.match(line)
+        if mark:
+            current = line.split("`%%part ", 1)[-1].rstrip("`")
+        elif re.match(rf"\s*(async\s+)?def {re.escape(func)}\(", line) and PART_MARK_RE.match(
+                text):
+            return current
+    return None

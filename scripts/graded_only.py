@@ -8,7 +8,10 @@ export``, feedback and formgrader work as before. What the kernel runs, in this 
    nbgrader's ``OverwriteCells`` restores every locked cell);
 2. nothing for the ``%%writefile`` exercise cells: the grader itself writes the cell's body
    to the file the *source* notebook names (a student who replaced the magic line by Python
-   gets that Python written to the file, never run); a solution cell that is kernel code
+   gets that Python written to the file, never run); a ``%%part`` cell's body becomes the
+   part the *source* names of the file the grader builds from the submission's parts (as
+   :func:`exercise_utils.notebook_files.part_magic` builds it in a student's kernel); a
+   solution cell that is kernel code
    (first line ``# solution: <id>``; the course's notebooks have none) runs as code;
 3. the CHECK cells, with the gradebook's text.
 
@@ -33,6 +36,22 @@ from nbgrader.preprocessors import Execute
 from traitlets import Bool
 
 MAGIC_RE = re.compile(r"^%%writefile(?:\s+(?:-a|--append))?\s+(?P<path>\S+)\s*$")
+
+
+def _load_notebook_files():
+    """exercise_utils/notebook_files.py, loaded by its path: the package's ``__init__`` (which
+    sets up a grading kernel's temporary folder) must not run in the grader's process."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "_dtfs_notebook_files",
+        Path(__file__).resolve().parents[1] / "exercise_utils" / "notebook_files.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_FILES = _load_notebook_files()
+PART_RE, with_part = _FILES.PART_RE, _FILES.with_part
 from nbmeta import SETUP_RE  # scripts/ is on sys.path (nbgrader_config.py puts it there)
 NOT_RUN = ("[not run during grading: only the setup, exercise (%%writefile) and CHECK cells "
            "run when a notebook is graded]\n")
@@ -70,7 +89,7 @@ def source_plan(gradebook, notebook_id, assignment_id):
         if cell.name in grades:
             plan[cell.name] = ("check", None, cell)
         elif cell.name in solutions:
-            magic = MAGIC_RE.match(first)
+            magic = MAGIC_RE.match(first) or PART_RE.match(first)
             plan[cell.name] = ("write", magic["path"], cell) if magic else ("code", None, cell)
         elif cell.locked and SETUP_RE.match(first):
             plan[cell.name] = ("setup", None, cell)
@@ -81,7 +100,7 @@ def body_of(source):
     """What ``%%writefile`` would write for a cell: the text after a ``%%writefile`` first line,
     or the whole cell when its first line is anything else (it is written, never run)."""
     first, _, rest = source.partition("\n")
-    return rest if first.startswith("%%writefile") else source
+    return rest if first.startswith(("%%writefile", "%%part")) else source
 
 
 def safe_path(folder, path):
@@ -123,21 +142,30 @@ class GradedOnlyExecute(Execute):
             self.nb.metadata["language_info"] = reply["content"]["language_info"]
             for index, cell in phases["setup"]:
                 self.execute_cell(cell, index, store_history=True)
+            built = {}                   # path -> text of the parts written so far (%%part)
             for index, cell in phases["write"]:
-                kind, path, _ = plan[_grade_id(cell)]
+                kind, path, source = plan[_grade_id(cell)]
                 if kind == "code":
                     self.execute_cell(cell, index, store_history=True)
                 else:
-                    self._write(cell, folder, path)
+                    self._write(cell, folder, path, PART_RE.match(source.source.split("\n")[0]),
+                                built)
             for index, cell in phases["check"]:
                 self.execute_cell(cell, index, store_history=True)
         self.set_widgets_metadata()
         return self.nb, self.resources
 
-    def _write(self, cell, folder, path):
+    def _write(self, cell, folder, path, part=None, built=None):
+        """Write the cell's body to ``path``; a part (the *source*'s ``%%part`` line) into
+        the file the grader builds from this submission's parts alone (``built``), never
+        from what the folder held before."""
         target = safe_path(folder, path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(body_of(cell.source), encoding="utf-8")
+        text = body_of(cell.source)
+        if part is not None:
+            text = built[path] = with_part(built.get(path, ""), path, int(part["k"]),
+                                           int(part["n"]), text)
+        target.write_text(text, encoding="utf-8")
         cell.outputs, cell.execution_count = [_stream(WRITTEN.format(path=path))], None
 
     def _restore_setup(self, nb, plan):

@@ -4,7 +4,9 @@ The metadata is derived from the cell text, never written by hand:
 
 - A code cell containing ``### BEGIN SOLUTION`` is a solution cell. Its grade_id is
   the file stem when its first line is ``%%writefile work/NN_name.py`` (id ``NN_name``),
-  otherwise its first line must be ``# solution: <id>``.
+  ``NN_name_partK`` when it is ``%%part work/NN_name.py K/N`` (one part of a file built over
+  several cells, each with a solution region), otherwise its first line must be
+  ``# solution: <id>``.
 - A code cell whose first line is ``# CHECK <id> (<N> points)`` is an autograder test
   cell worth N points, grade_id ``check_<id>``; it may hold ``### BEGIN HIDDEN TESTS``.
   It must be self-contained: grading runs only the setup, exercise and CHECK cells
@@ -27,6 +29,7 @@ import nbformat
 SOLUTION_DELIM = "BEGIN SOLUTION"
 HIDDEN_DELIM = "BEGIN HIDDEN TESTS"
 WRITEFILE_RE = re.compile(r"^%%writefile\s+(?:-a\s+|--append\s+)?work/(?P<id>[A-Za-z0-9_-]+)\.py\s*$")
+PART_RE = re.compile(r"^%%part\s+work/(?P<id>[A-Za-z0-9_-]+)\.py\s+(?P<k>\d+)/(?P<n>\d+)\s*$")
 SOLUTION_ID_RE = re.compile(r"^#\s*solution:\s*(?P<id>[A-Za-z0-9_-]+)\s*$")
 SETUP_RE = re.compile(r"^#\s*Setup\b")
 CHECK_RE = re.compile(r"^#\s*CHECK\s+(?P<id>[A-Za-z0-9_-]+)\s+\((?P<points>\d+(?:\.\d+)?)\s+points?\)")
@@ -58,13 +61,21 @@ def cell_metadata(cell, index):
             raise MetaError(f"cell {index}: solution/hidden-test regions are only allowed in code cells")
         return None
     check = CHECK_RE.match(first)
+    part = PART_RE.match(first)
+    if part and SOLUTION_DELIM not in src:
+        raise MetaError(f"cell {index}: a '%%part' cell is an exercise cell: it needs a solution "
+                        "region (nbgrader would replace a whole solution cell without one)")
     if SOLUTION_DELIM in src:
         if check:
             raise MetaError(f"cell {index}: a '# CHECK' cell cannot contain a solution region")
         named = WRITEFILE_RE.match(first) or SOLUTION_ID_RE.match(first)
+        if part:
+            return {"schema_version": 3, "solution": True, "grade": False, "locked": False,
+                    "task": False, "grade_id": f"{part['id']}_part{part['k']}"}
         if not named:
             raise MetaError(f"cell {index}: solution cell without an id; its first line must be "
-                            f"'%%writefile work/NN_name.py' or '# solution: <id>' (found {first!r})")
+                            f"'%%writefile work/NN_name.py', '%%part work/NN_name.py K/N' or "
+                            f"'# solution: <id>' (found {first!r})")
         return {"schema_version": 3, "solution": True, "grade": False, "locked": False,
                 "task": False, "grade_id": named["id"]}
     if check:

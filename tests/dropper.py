@@ -121,11 +121,13 @@ def head(planted=None):
 
 
 def notebook(release_text, planted=None):
-    """The release notebook (text) with the dropper's header in every ``%%writefile`` cell."""
+    """The release notebook (text) with the dropper's header in every ``%%writefile`` (and
+    ``%%part``) cell."""
     nb = json.loads(release_text)
     for cell in nb["cells"]:
         src = "".join(cell["source"])
-        if cell["cell_type"] == "code" and re.match(r"%%writefile \S+\.py\s*\n", src):
+        if cell["cell_type"] == "code" and re.match(r"%%(writefile|part) \S+\.py( \d+/\d+)?\s*\n",
+                                                     src):
             first, _, rest = src.partition("\n")
             cell["source"] = first + "\n" + head(planted) + rest
     return json.dumps(nb, indent=1)

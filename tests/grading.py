@@ -63,7 +63,7 @@ def graded_only(text, keep_checks=None):
 
     def keep(cell):
         src = "".join(cell["source"])
-        if cell["cell_type"] != "code" or src.startswith(("%%writefile", "# Setup")):
+        if cell["cell_type"] != "code" or src.startswith(("%%writefile", "%%part", "# Setup")):
             return True
         if src.startswith("# CHECK ") and keep_checks is not None:
             return src.split()[2] in keep_checks
@@ -240,7 +240,7 @@ def launched_cells(text, stem):
     for cell, src in zip(nb["cells"], sources):
         if cell["cell_type"] != "code" or src.startswith("# CHECK "):
             continue
-        if not src.startswith(("%%writefile", "# Setup")):
+        if not src.startswith(("%%writefile", "%%part", "# Setup")):
             if any(piece in src for piece in only):
                 continue
             launched.append(len(keep))

@@ -134,7 +134,8 @@ def test_the_tensor_parallel_check_reports_piece_by_piece(tmp_path):
         checks.check_tensor_parallel(path)
     assert str(err.value) == (
         f"not implemented yet: ParallelMLP.from_mlp in {path} still raises NotImplementedError. "
-        "Replace the `raise` line with your code, then run the %%writefile cell again. Finished "
+        "Replace the `raise` line with your code, then run the cell `%%part "
+        "work/10_model_parallel.py 3/5` again. Finished "
         "and passing with 2 and 3 ranks: f and g, ColumnParallelLinear, RowParallelLinear. "
         "Still to do in that file, in order: ParallelMLP.forward, "
         "ParallelAttention.from_attention, "

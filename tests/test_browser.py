@@ -21,13 +21,13 @@ mouse and keyboard (no call to the kernel behind the browser's back):
    (:func:`exercise_utils.display.summary`: ``✓ check_shards: all checks passed (...)``), with
    no error box and no stderr.
 
-A second test does issue 39's steps on notebook 10 the same way (one exercise cell that writes
-the whole file): the skeleton's tensor-parallel check says what to write first; the benchmark
-cell on the unfinished file shows the short box first, without a traceback; the first pieces
-typed in with one realistic bug (the row-parallel layer's bias added before the all-reduce,
-the MLP and the attention still as released: ``tests/wrong/10_flaws.py``'s
-``bias_before_all_reduce_blocks_unfinished``) make the check name the bug, not the unfinished
-pieces; the finished file passes in one line.
+A second test does issue 39's steps on notebook 10 the same way (its file built over five
+``%%part`` cells): the skeleton's tensor-parallel check says what to write first; the benchmark
+cell on the unfinished file shows the short box first, without a traceback; part 1 typed in,
+its try cell shows both ranks' results; part 2 typed in with one realistic bug (the
+row-parallel layer's bias added before the all-reduce: ``tests/wrong/10_flaws.py``'s
+``bias_before_all_reduce``), part 3 (the MLP and the attention) still as released: the check
+names the bug, not the unfinished part; parts 2 and 3 finished: the check passes in one line.
 
 Screenshots of every stage are kept as test artifacts in ``$DTFS_ARTIFACTS/browser`` (default
 ``work/artifacts/browser``, git-ignored; ``01-*`` and ``10-*``), also of the stage a failure
@@ -68,6 +68,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import student  # noqa: E402  (scripts/student.py: what `make lab` runs first)
 
 import flaws  # noqa: E402  (tests/flaws.py: the wrong files, as patches of the solution)
+from exercise_utils.notebook_files import parts_of  # noqa: E402
 
 STEM = "01_mpi_parallel_sgd"
 NOTEBOOK = f"{STEM}.ipynb"
@@ -404,34 +405,46 @@ def _assert_passed(lab, check, name):
 
 
 NB10 = "10_bonus_model_parallel.ipynb"
-FILE10 = "10_model_parallel"              # grade_id of its one exercise cell (the file)
+FILE10 = "10_model_parallel"              # its file, built by five %%part cells
 BENCH_MS = 240_000                        # the benchmark cell on an unfinished file
+
+
+def _type_part(lab, cell, k, text):
+    """Type part ``k`` of the file into its cell (as a student would: select all, type)."""
+    lab.type_into(cell, f"%%part work/{FILE10}.py {k}/5\n{text}")
+    lab.run(cell, CELL_MS)
 
 
 @pytest.mark.serial
 @pytest.mark.timeout(900)
 def test_notebook_10_piece_by_piece_in_the_browser(browser_kit, tmp_path):
-    """Issue 39's steps on notebook 10: the skeleton's check says what is not written; the
-    benchmark on the unfinished file shows the short box first, no traceback; the first
-    pieces written with one realistic bug (the row-parallel bias added before the
-    all-reduce, the MLP and attention still as released): the check names the bug, not the
-    unfinished pieces; the file finished: the check passes in one line."""
+    """Issue 39's steps on notebook 10, whose file is built over five ``%%part`` cells: the
+    skeleton's check says what to write first; the benchmark on the unfinished file shows the
+    short box first, no traceback; part 1 (f and g) written: its try cell prints both ranks'
+    results; part 2 written with one realistic bug (the row-parallel bias added before the
+    all-reduce), part 3 (the MLP and attention) still as released: the check names the bug,
+    not the unfinished part; parts 2 and 3 finished: the check passes in one line."""
     api, chromium = browser_kit
     _fresh_artifacts("10-")
-    flaw = next(f for f in flaws.load("10")
-                if f.name == "bias_before_all_reduce_blocks_unfinished")
-    solved = _solved_source(NB10, FILE10)
-    head = solved.split("\n", 1)[0] + "\n"
-    buggy = head + flaws.apply(flaws.solution_file("10", f"{FILE10}.py"), flaw.patch)
+    flaw = next(f for f in flaws.load("10") if f.name == "bias_before_all_reduce")
+    solved = parts_of(flaws.solution_file("10", f"{FILE10}.py"))
+    buggy = parts_of(flaws.apply(flaws.solution_file("10", f"{FILE10}.py"), flaw.patch))
+    assert sorted(solved) == [1, 2, 3, 4, 5] and buggy[2] != solved[2]
     with student_lab(api, chromium, tmp_path, NB10) as (lab, folder):
         setup = lab.code_cell("# Setup (run first)")
         lab.run(setup, SETUP_MS)
-        exercise = lab.code_cell(f"%%writefile work/{FILE10}.py")
         check = lab.code_cell("# CHECK tensor_parallel")
         bench = lab.code_cell("bench_rows = bench.run()")
 
-        # the skeleton: the check says what to write first
-        lab.run(exercise, CELL_MS)
+        # the skeleton: its five parts run, the check says what to write first (each cell
+        # found as it comes into view: the editor draws only the lines in view)
+        part = {}
+        for k in range(1, 6):
+            part[k] = lab.code_cell(f"%%part work/{FILE10}.py {k}/5")
+            lab.run(part[k], CELL_MS)
+            if k == 1:
+                tried = lab.code_cell('tries.run("f_and_g")')
+        assert parts_of((folder / "work" / f"{FILE10}.py").read_text()).keys() == set(range(1, 6))
         lab.run(check, CHECK_MS)
         screen = lab.output_text(check)[:FIRST_SCREEN]
         lab.shot("10-1-skeleton-check", check)
@@ -446,20 +459,27 @@ def test_notebook_10_piece_by_piece_in_the_browser(browser_kit, tmp_path):
         assert screen[0].startswith("✗ not implemented yet: "), screen
         assert not any("Traceback" in line or 'File "' in line for line in screen), screen
 
-        # the first pieces, with the bias bug: the check names it
-        lab.type_into(exercise, buggy)
-        lab.run(exercise, CELL_MS)
+        # part 1 written: its try cell shows what f and g did on each rank
+        _type_part(lab, part[1], 1, solved[1])
+        lab.run(tried, CHECK_MS)
+        shown = lab.output_text(tried)
+        lab.shot("10-3-part-1-tried", tried)
+        assert sum(line.startswith(("rank 0: f(x) =", "rank 1: f(x) =")) for line in shown) == 2, \
+            shown
+
+        # part 2 with the bias bug, part 3 as released: the check names the bug
+        _type_part(lab, part[2], 2, buggy[2])
         lab.run(check, CHECK_MS)
         screen = lab.output_text(check)[:FIRST_SCREEN]
-        lab.shot("10-3-first-pieces-with-a-bug", check)
-        print("browser test: the buggy pieces' first screen:\n  " + "\n  ".join(screen))
+        lab.shot("10-4-part-2-with-a-bug", check)
+        print("browser test: the buggy part's first screen:\n  " + "\n  ".join(screen))
         assert screen[0].startswith("✗ check_tensor_parallel failed"), screen
         assert flaw.expect in " ".join(" ".join(screen).split()), screen
         assert "not implemented yet" not in " ".join(screen), screen
 
-        # finished: one line
-        lab.type_into(exercise, solved)
-        lab.run(exercise, CELL_MS)
+        # parts 2 and 3 finished: one line
+        _type_part(lab, part[2], 2, solved[2])
+        _type_part(lab, part[3], 3, solved[3])
         lab.run(check, CHECK_MS)
-        lab.shot("10-4-finished", check)
+        lab.shot("10-5-finished", check)
         _assert_passed(lab, check, "check_tensor_parallel")

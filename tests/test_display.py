@@ -103,6 +103,8 @@ CELLS = [
     "cell above first.')",
     "raise NotImplementedError('the cell itself')",
     "exec(compile('undefined_name', str(blank.parent / 'lib.py'), 'exec'))",   # not the cell's
+    "import os\nos.chdir(blank.parent)",
+    "%%part parted.py 1/2\nA = 1",             # the magic of one file over several cells
 ]
 
 
@@ -155,6 +157,8 @@ def test_in_a_kernel_a_passed_check_is_one_line_and_a_failure_a_short_box():
         error = nb.cells[index].outputs[-1]
         assert [o.output_type for o in nb.cells[index].outputs] == ["error"], index
         assert len(error.traceback) > 1, error
+    assert [o.text for o in nb.cells[13].outputs] == [
+        "Wrote part 1/2 of parted.py (parts not run yet: 2)\n"], nb.cells[13].outputs
     # the time a check prints is its cell's, from the cell's start (the cell's imports too)
     late = nb.cells[5].outputs
     assert [o.output_type for o in late] == ["stream"], late

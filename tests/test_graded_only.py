@@ -12,6 +12,7 @@ import builtins
 import copy
 import csv
 import json
+import sys
 
 import nbformat
 import pytest
@@ -158,3 +159,54 @@ def test_check_cells_need_only_the_setup_cell(path):
     for cell in checks:
         bound, read = _names(ast.parse(cell.source))
         assert read <= known | bound, (cell.source.split("\n")[0], sorted(read - known - bound))
+
+
+# ------------------------------------------------ one file over several cells (%%part, issue 39)
+def test_parts_build_one_file_whatever_order_they_run_in(tmp_path, monkeypatch, capsys):
+    """``%%part PATH K/N`` (:func:`exercise_utils.notebook_files.part_magic`): each cell owns
+    its part, re-running one replaces only it, the parts stay in order, the cell says which
+    parts have not run; ``writefile_cells`` builds the same file from a notebook."""
+    from exercise_utils import notebook_files as nf
+    monkeypatch.chdir(tmp_path)
+    nf.part_magic("work/x.py 2/3", "B = 2\n")
+    assert capsys.readouterr().out == "Wrote part 2/3 of work/x.py (parts not run yet: 1, 3)\n"
+    nf.part_magic("work/x.py 1/3", "A = 1")
+    nf.part_magic("work/x.py 3/3", "C = 3\n")
+    nf.part_magic("work/x.py 2/3", "B = 20\n")                     # run again, edited
+    assert capsys.readouterr().out.splitlines()[-1] == "Wrote part 2/3 of work/x.py"
+    text = (tmp_path / "work" / "x.py").read_text()
+    assert nf.parts_of(text) == {1: "A = 1\n", 2: "B = 20\n", 3: "C = 3\n"}
+    namespace = {}
+    exec(text, namespace)
+    assert (namespace["A"], namespace["B"], namespace["C"]) == (1, 20, 3)
+    with pytest.raises(ValueError, match="between 1 and 3"):
+        nf.part_magic("work/x.py 4/3", "D = 4\n")
+    with pytest.raises(ValueError, match="usage"):
+        nf.part_magic("work/x.py", "D = 4\n")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"%%part work/x.py {k}/3\n{b}")
+                                         for k, b in ((3, "C = 3"), (1, "A = 1"), (2, "B = 20"))])
+    nbformat.write(nb, tmp_path / "n.ipynb")
+    assert nf.writefile_cells(tmp_path / "n.ipynb") == {"work/x.py": text}
+
+
+def test_the_grader_builds_a_parted_file_from_the_sources_parts_alone(tmp_path):
+    """At grading the parts are written by the grader (never run): the part a cell fills is
+    the one its *source* cell names (not the submission's magic line), the file holds only
+    this submission's parts (not what its folder held), and a cell whose magic line was
+    replaced by Python has that Python written as its part."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import graded_only
+    from exercise_utils.notebook_files import parts_of
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "x.py").write_text(
+        "# ---- part 3/3 of this file: from the notebook's cell `%%part work/x.py 3/3`\n"
+        "PLANTED = True\n")
+    built = {}
+    for source_line, submitted in (("%%part work/x.py 1/3", "%%part work/x.py 3/3\nA = 1\n"),
+                                   ("%%part work/x.py 2/3", "B = 2  # magic line gone\n")):
+        cell = nbformat.v4.new_code_cell(submitted)
+        graded_only.GradedOnlyExecute._write(None, cell, tmp_path, "work/x.py",
+                                             graded_only.PART_RE.match(source_line), built)
+        assert "the grader wrote this cell's body" in cell.outputs[0].text
+    assert parts_of((tmp_path / "work" / "x.py").read_text()) == {
+        1: "A = 1\n", 2: "B = 2  # magic line gone\n"}

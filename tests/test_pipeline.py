@@ -129,6 +129,21 @@ def test_meta_sets_metadata_and_is_idempotent(solutions):
     assert nb.metadata["kernelspec"]["name"] == "python3"
 
 
+def test_meta_gives_each_part_of_a_file_its_own_id():
+    """A ``%%part work/NN_name.py K/N`` cell (one file over several cells, issue 39) is a
+    solution cell with id ``NN_name_partK``; one without a solution region is refused
+    (nbgrader would replace the whole cell, given code and all)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import nbmeta
+    part = nbformat.v4.new_code_cell("%%part work/10_x.py 2/5\ndef f():\n    ### BEGIN "
+                                     "SOLUTION\n    return 1\n    ### END SOLUTION\n")
+    assert nbmeta.cell_metadata(part, 3) == {
+        "schema_version": 3, "solution": True, "grade": False, "locked": False, "task": False,
+        "grade_id": "10_x_part2"}
+    with pytest.raises(nbmeta.MetaError, match="needs a solution region"):
+        nbmeta.cell_metadata(nbformat.v4.new_code_cell("%%part work/10_x.py 1/5\nA = 1\n"), 2)
+
+
 def test_meta_rejects_duplicate_ids(solutions):
     edit_fixture(solutions, 7, "# solution: 00_add\ndef double(x):\n    ### BEGIN SOLUTION\n"
                                "    return 2 * x\n    ### END SOLUTION")

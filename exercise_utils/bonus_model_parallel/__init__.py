@@ -28,6 +28,8 @@ Modules:
   ``exercise_utils.cluster`` at 100 Mbit/s and 1 Gbit/s: bytes per step on the links and step
   time;
 * ``network_ranks``: the part of ``network`` that runs inside its ranks.
+* ``tries``: the try cells after each part of the file (2 ranks; each prints what it
+  computed beside one process; nothing judged).
 
 Used in 10_bonus_model_parallel.
 """
