@@ -40,8 +40,8 @@ reason when it cannot have them. Playwright's own browser download is not used: 
 drives Debian's chromium through ``executable_path``. No server, kernel or browser process
 outlives the test: every process the test started is stopped in a ``finally``.
 
-Run it alone (it loads the machine): ``.venv/bin/python -m pytest tests/test_browser.py -m
-serial -s``.
+It asserts no timing (generous waits: a loaded machine only slows it), so it runs in the
+suite's parallel pass: ``.venv/bin/python -m pytest tests/test_browser.py -s`` runs it alone.
 """
 import contextlib
 import importlib
@@ -291,6 +291,7 @@ def student_lab(api, chromium, tmp_path, notebook):
     block fails; stops every process it started (the server, its kernel and what that
     started, playwright's driver, chromium) and asserts that none is left."""
     folder = tmp_path / "student"
+    folder.parent.mkdir(parents=True, exist_ok=True)
     assert student.main(["--folder", str(folder), "--release", str(ROOT / "notebooks")]) == 0
     assert (folder / notebook).exists() and (folder / ".jupyter" / "labconfig").is_dir()
     log_path = tmp_path / "lab.log"
@@ -349,10 +350,18 @@ def _fresh_artifacts(prefix):
         old.unlink()
 
 
-@pytest.mark.serial
-@pytest.mark.timeout(600)
-def test_first_exercise_in_the_browser(browser_kit, tmp_path):
+@pytest.mark.timeout(900)
+def test_first_exercises_in_the_browser(browser_kit, tmp_path):
+    """Notebook 01's first exercise, then notebook 10's parts (one test: one worker installs
+    the browser where it is missing, and the two labs run one after the other)."""
     api, chromium = browser_kit
+    first_exercise_of_01(api, chromium, tmp_path / "01")
+    notebook_10_piece_by_piece(api, chromium, tmp_path / "10")
+
+
+def first_exercise_of_01(api, chromium, tmp_path):
+    """Notebook 01's first exercise: the skeleton's check fails with "not implemented yet";
+    the solution typed in, it passes in one line."""
     _fresh_artifacts("01-")
     with student_lab(api, chromium, tmp_path, NOTEBOOK) as (lab, folder):
         # 1-2. `make lab` on a temporary copy, notebook 01 opened from its file browser
@@ -415,16 +424,13 @@ def _type_part(lab, cell, k, text):
     lab.run(cell, CELL_MS)
 
 
-@pytest.mark.serial
-@pytest.mark.timeout(900)
-def test_notebook_10_piece_by_piece_in_the_browser(browser_kit, tmp_path):
+def notebook_10_piece_by_piece(api, chromium, tmp_path):
     """Issue 39's steps on notebook 10, whose file is built over five ``%%part`` cells: the
     skeleton's check says what to write first; the benchmark on the unfinished file shows the
     short box first, no traceback; part 1 (f and g) written: its try cell prints both ranks'
     results; part 2 written with one realistic bug (the row-parallel bias added before the
     all-reduce), part 3 (the MLP and attention) still as released: the check names the bug,
     not the unfinished part; parts 2 and 3 finished: the check passes in one line."""
-    api, chromium = browser_kit
     _fresh_artifacts("10-")
     flaw = next(f for f in flaws.load("10") if f.name == "bias_before_all_reduce")
     solved = parts_of(flaws.solution_file("10", f"{FILE10}.py"))

@@ -10,7 +10,7 @@ nbgrader). A kernel of that environment, started in a folder outside the reposit
    "ready" line, torch stays the environment's own, and nothing of the instructor's extra
    (JupyterLab, nbgrader) is installed;
 2. then, in a new kernel (Colab's "Restart session"), the cell again and notebook 01's graded
-   cells (setup, exercises, CHECKs) from the solution: every CHECK passes.
+   cells (setup, exercises, its first two CHECKs) from the solution: both pass.
 
 Not Colab itself: its container, GPU runtimes and network namespaces are untested here.
 """
@@ -160,13 +160,15 @@ def test_the_readme_cell_sets_up_a_fresh_colab_like_kernel(tmp_path, monkeypatch
         assert found.returncode != 0, f"the set-up installed {extra} (the instructor's extra)"
 
     # Colab's "Restart session": a new kernel, the cell again, notebook 01's graded cells
+    # (its first two checks: MPI ranks from the mpi4py and mpich the cell installed, the
+    # course's package; the other three add launches of the same kind, not of the set-up)
     solution = json.loads(graded_only((ROOT / "solutions" / "01_mpi_parallel_sgd.ipynb")
-                                      .read_text()))
+                                      .read_text(), keep_checks=["shards", "broadcast"]))
     cells = [c for c in solution["cells"] if c["cell_type"] == "code"]
     nb = run([readme_cell(), *cells], content, timeout=900)
     assert "installing" not in text(nb.cells[0]) and "ready" in text(nb.cells[0])
     checks = [c for c in nb.cells if c.source.startswith("# CHECK ")]
-    assert len(checks) == 5, [c.source[:30] for c in checks]
+    assert len(checks) == 2, [c.source[:30] for c in checks]
     for cell in checks:
         out = text(cell)
         assert "passed" in out and "Error" not in out, (cell.source[:40], out[-2000:])
