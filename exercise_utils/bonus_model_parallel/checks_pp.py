@@ -217,11 +217,21 @@ def check_schedules(path):
     path = _exists(path)
     res = run_ranks(path, probes_pp.probe_schedules, 1, "none", {}, TIMEOUT,
                     what="10_model_parallel.py (schedules)", case="schedule-gpipe")[0]
+    # piece by piece (issue 39): a finished schedule is judged even where the other is not
+    # written yet, which is then named as still to do
+    todo = [name for name in FUNCS if "todo" in res["orders"][name]]
     for name in FUNCS:
-        _check_orders(path, name, res["orders"][name])
-        _check_fresh(path, name, res["orders"][name])
+        if name not in todo:
+            _check_orders(path, name, res["orders"][name])
+            _check_fresh(path, name, res["orders"][name])
     for name in FUNCS:
-        _check_errors(name, res["errors"].get(name, []))
+        if name not in todo:
+            _check_errors(name, res["errors"].get(name, []))
+    if todo:
+        done = [name for name in FUNCS if name not in todo]
+        raise CheckFailure("not implemented yet: " + unwritten(
+            res["orders"][todo[0]]["todo"], path, [res["orders"][n]["todo"] for n in todo[1:]],
+            passed=f"Finished and passing: {', '.join(done)}." if done else ""))
 
 
 

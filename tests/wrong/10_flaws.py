@@ -200,6 +200,14 @@ FLAWS = [
          why="warms up with p - stage forwards instead of p - stage - 1.",
          expect="at most p - stage",
          patch=((WARM, "    warm = min(p - stage, m)\n"),)),
+    Flaw("schedules", "warm_up_off_by_one_gpipe_unfinished", clause="1f1b",
+         case="schedule-1f1b",
+         why="the same 1F1B warm-up bug, with gpipe_order still as released: the finished "
+             "schedule's failure is shown, not hidden behind the unfinished one (issue 39).",
+         expect="at most p - stage",
+         patch=((WARM, "    warm = min(p - stage, m)\n"),
+                Def("gpipe_order", STUB.format(
+                    "def gpipe_order(num_stages, num_microbatches, stage):")))),
     Flaw("schedules", "same_warm_up_everywhere", clause="in-flight", case="schedule-1f1b",
          why="warms up every stage with p - 1 forwards (as stage 0 does): later stages hold "
              "more micro-batches than they need.",
