@@ -58,19 +58,19 @@ def parts_of(text):
             parts[current] = ""
         elif current is not None:
             parts[current] += line
-    return parts
+    return {k: t.rstrip("\n") + "\n" if t.strip() else t for k, t in parts.items()}
 
 
 def with_part(text, path, k, n, body):
     """The text of file ``path`` (now ``text``) with its part ``k`` of ``n`` set to ``body``:
-    each part follows a mark line that names its cell, the parts in order, those not
-    written yet absent; the other parts are kept as they were."""
+    each part follows a mark line that names its cell, the parts in order (two blank lines
+    between them), those not written yet absent; the other parts are kept as they were."""
     if not 1 <= k <= n:
         raise ValueError(f"%%part {path} {k}/{n}: the part must be between 1 and {n}")
     parts = {i: t for i, t in parts_of(text).items() if i <= n}
-    parts[k] = body if body.endswith("\n") or not body else body + "\n"
-    return "".join(PART_MARK.format(k=i, n=n, path=path) + "\n" + parts[i]
-                   for i in sorted(parts))
+    parts[k] = body.rstrip("\n") + "\n" if body.strip() else body
+    return "\n\n".join(PART_MARK.format(k=i, n=n, path=path) + "\n" + parts[i]
+                       for i in sorted(parts))
 
 
 def part_magic(line, cell):

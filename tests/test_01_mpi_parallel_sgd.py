@@ -168,13 +168,14 @@ def deadlocked_submission(path):
 def test_autograde_solution_blank_and_deadlock(tmp_path):
     deadlock = tmp_path / "deadlock.ipynb"
     deadlocked_submission(deadlock)
-    # hang=20: MPICH's ranks spin while they wait, so the deadlock burns 2 cores until it is
+    # hang=10: MPICH's ranks spin while they wait, so the deadlock burns 2 cores until it is
     # seen (60 s by default: about 100 CPU-s of the suite's time); the grader's hang limit
-    # cuts it, as an instructor with a class of such submissions would
+    # cuts it, as an instructor with a class of such submissions would (10 s: the same
+    # deadlock's flaw, rank0_only, is told with 10 s in every run of test_checks)
     course, scores, _ = autograde(tmp_path, STEM, {"solution": SOLUTION.read_text(),
                                                    "blank": graded_only(RELEASE.read_text()),
                                                    "deadlock": deadlock.read_text()},
-                                  limits="hang=20")
+                                  limits="hang=10")
     assert scores == {"solution": 11.0, "blank": 0.0, "deadlock": 2.0}, scores
     assert_every_check_says(course, "solution", STEM, "all checks passed", len(CHECKERS))
     assert_passing_checks_print_one_line(course, "solution", STEM)

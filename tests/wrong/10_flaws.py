@@ -36,9 +36,9 @@ FLAWS = [
          why="g's backward all-reduces too (by symmetry with its forward): each gradient is N "
              "times too large.",
          expect="ReduceFromParallel.apply(x): the gradient of x is off",
-         patch=(("        return grad\n\n\nclass ColumnParallelLinear",
-                 "        grad = grad.clone()\n        dist.all_reduce(grad)\n"
-                 "        return grad\n\n\nclass ColumnParallelLinear"),)),
+         patch=(("    def backward(ctx, grad):\n        return grad\n",
+                 "    def backward(ctx, grad):\n        grad = grad.clone()\n"
+                 "        dist.all_reduce(grad)\n        return grad\n"),)),
     Flaw("tensor_parallel", "g_in_place", clause="g-new", case="tp-f-g",
          why="g all-reduces its input in place and returns it: the caller's tensor is "
              "overwritten with the sum.",
