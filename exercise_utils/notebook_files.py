@@ -156,12 +156,12 @@ def _part_with(path, name):
         text = Path(path).read_text()
     except (OSError, ValueError):
         return None
-    func = name.split(".")[-1]
+    if not PART_MARK_RE.match(text):           # not built by %%part cells
+        return None
+    define = re.compile(rf"\s*(async\s+)?def {re.escape(name.split('.')[-1])}\(")
     for line in text.splitlines():
-        mark = PART_MARK_RE.match(line)
-        if mark:
+        if PART_MARK_RE.match(line):
             current = line.split("`%%part ", 1)[-1].rstrip("`")
-        elif re.match(rf"\s*(async\s+)?def {re.escape(func)}\(", line) and PART_MARK_RE.match(
-                text):
+        elif define.match(line):
             return current
     return None
