@@ -12,7 +12,8 @@ hang from a slow machine), ``integrity`` (signed results, guarded checker code),
 tables, JSON and plots), ``notebook_files`` (the ``%%writefile`` files of a notebook),
 ``linebuf`` (line-buffered MPI ranks), ``cluster`` (hosts in network namespaces with
 shaped links, on one machine), ``sandbox`` (student code in bubblewrap at grading) and
-``display`` (what a student sees of a check: one line, or a short box).
+``display`` (what a student sees of a check: one line, or a short box) and ``tries`` (the try
+cells after each part of an exercise: the part run on 2 ranks, what it computed printed).
 
 One package per notebook, named after the notebook's stem without ``NN_`` (each package's
 docstring lists its modules): ``mpi_parallel_sgd`` (01), ``shared_memory_hogwild`` (02),

@@ -107,6 +107,17 @@ class NotReady(RuntimeError):
     finish) first; shown in a kernel as a short box, like a failed check."""
 
 
+class NotWritten(NotReady):
+    """What a cell runs is still as released (raises NotImplementedError): ``name``, the first
+    function not written yet; the message is :func:`.notebook_files.unwritten`'s. Raised
+    before anything starts (:func:`.tries.ready`); shown as the box of a function not written
+    yet."""
+
+    def __init__(self, name, message):
+        super().__init__(message)
+        self.name = name
+
+
 class Failure:
     """A failed check as the student reads it (rendered as HTML in Jupyter, text elsewhere).
 
@@ -172,7 +183,9 @@ class Failure:
         (:class:`NotReady`). The traceback is folded."""
         frames = [f for f in traceback.extract_tb(tb if tb is not None else err.__traceback__)
                   if "/IPython/core/" not in f.filename]          # (IPython's run_code)
-        if isinstance(err, NotImplementedError):
+        if isinstance(err, NotWritten):
+            self.title, lines = f"✗ not implemented yet: {err.name}", _lines(err)
+        elif isinstance(err, NotImplementedError):
             name, message = next(filter(None, (_todo_at(f.filename, f.name) for f in
                                                reversed(frames))), ("NotImplementedError", err))
             self.title, lines = f"✗ not implemented yet: {name}", _lines(message)

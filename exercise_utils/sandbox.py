@@ -169,8 +169,8 @@ def command(cmd, writable=(), hidden=(), readable=(), network=False, cwd=None):
 
 def student_side(package_root=None):
     """The modules of ``exercise_utils`` a rank may import (dotted names): the core, every
-    topic module a rank starts from (``probes*``, any module defining a ``probe*`` function,
-    and the scripts that launches run: a ``__main__`` guard) and everything they import, at any depth (an AST scan, imports inside
+    topic module a rank starts from (``probes*``, ``tries`` (the try cells' code that runs in
+    the ranks: :mod:`.tries`), any module defining a ``probe*`` function, and the scripts that launches run: a ``__main__`` guard) and everything they import, at any depth (an AST scan, imports inside
     functions included). The other topic modules are the judge's (checks, requirements,
     expected values): :func:`judge_files` hides them at grading."""
     import ast
@@ -201,7 +201,8 @@ def student_side(package_root=None):
 
     def starts_a_rank(name, path):
         text = path.read_text()
-        return (name.count(".") <= 1 or name.rsplit(".", 1)[1].startswith("probes")
+        last = name.rsplit(".", 1)[-1]
+        return (name.count(".") <= 1 or last.startswith("probes") or last == "tries"
                 or "__main__" in text or re.search(r"^def probe", text, flags=re.M))
 
     todo = [m for m, p in mods.items() if starts_a_rank(m, p)]

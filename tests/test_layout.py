@@ -15,7 +15,7 @@ PACKAGE = ROOT / "exercise_utils"
 CORE = {"config", "data", "models", "launch", "launch_many", "processes", "harness", "rankworker",
         "heartbeat", "integrity", "pgwatch", "recorder",
         "bench", "notebook_files", "linebuf", "cluster", "contract", "zygote", "plaindata",
-        "sandbox", "display", "hosts", "wire", "spawn_template", "limits"}
+        "sandbox", "display", "hosts", "wire", "spawn_template", "limits", "tries"}
 OLD_KINDS = re.compile(r"^(checks_\w+|\w+_probe|\w+_bench|\w+_experiments?)$")
 DOTTED = re.compile(r"exercise_utils(?:\.\w+)+")
 

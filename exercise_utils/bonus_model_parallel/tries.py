@@ -1,37 +1,31 @@
 """Notebook 10's try cells (issue 39): each part of ``work/10_model_parallel.py`` run as soon
 as it is written, on 2 gloo ranks (the pipeline: 2 stages), printing what it computed beside
-what one process computes, in numbers a student can read. Not a check: nothing is judged or
-graded here (the CHECK cells do that); a wrong part shows as a difference, a part not written
-yet as the short box of :mod:`exercise_utils.display`.
+what one process computes, in numbers a student can read (:mod:`exercise_utils.tries`). Not a
+check: nothing is judged or graded here (the CHECK cells do that); a wrong part shows as a
+difference, a part not written yet as the short box of :mod:`exercise_utils.display`.
 
     from exercise_utils.bonus_model_parallel import tries
     tries.run("f_and_g")        # then "layers", "blocks" and "pipeline"
     tries.schedules()           # in the notebook's own process: the orders for p = 3, m = 4
 
-Each launch runs this module under torchrun: ``python -m
-exercise_utils.bonus_model_parallel.tries PIECE WORK``.
-
 Used in 10_bonus_model_parallel.
 """
-import argparse
-import sys
+import torch
+
+from .. import tries as core
 
 WORK = "work/10_model_parallel.py"
-PIECES = ("f_and_g", "layers", "blocks", "pipeline")
 
 
-def run(piece, work=WORK, ranks=2, timeout=120):
-    """Run the try of ``piece`` (one of :data:`PIECES`) with the file ``work`` on ``ranks``
-    gloo ranks; its ranks print what they computed."""
-    if piece not in PIECES:
-        raise ValueError(f"piece must be one of {', '.join(PIECES)}, got {piece!r}")
-    from .. import launch
-    launch.torchrun(__name__, ranks, [piece, work], extra=["-m"], timeout=timeout,
-                    what=f"the try of {piece} on {ranks} ranks")
+def run(piece, work=WORK):
+    """Run the try of ``piece`` (``"f_and_g"``, ``"layers"``, ``"blocks"`` or
+    ``"pipeline"``) with the file ``work`` on 2 gloo ranks; print what each computed."""
+    core.run(TRIES, piece, work)
 
 
 def schedules(work=WORK, stages=3, microbatches=4):
     """Print the file's GPipe and 1F1B orders of every stage (no ranks needed)."""
+    core.ready(work, ("gpipe_order", "one_f_one_b_order"))
     from ..rankworker import load_student
     mine = load_student(work)
     print(f"p = {stages} stages, m = {microbatches} micro-batches")
@@ -46,7 +40,8 @@ def _diff(a, b):
     return f"{float((a - b).detach().abs().max()):.1e}"
 
 
-def _f_and_g(mine, rank, world, torch):
+def try_f_and_g(mine, ctx):
+    rank, world = ctx.rank, ctx.size
     x = torch.tensor([1.0, 2.0], dtype=torch.float64) * (rank + 1)
     total = [v * world * (world + 1) / 2 for v in (1.0, 2.0)]
     xf = x.clone().requires_grad_()
@@ -62,7 +57,8 @@ def _f_and_g(mine, rank, world, torch):
             f"{xg.grad.tolist()} (expected [1.0, 1.0])"]
 
 
-def _layers(mine, rank, world, torch):
+def try_layers(mine, ctx):
+    rank, world = ctx.rank, ctx.size
     nn = torch.nn
     torch.manual_seed(0)
     fc1, fc2 = nn.Linear(8, 4 * world).double(), nn.Linear(4 * world, 8).double()
@@ -80,7 +76,8 @@ def _layers(mine, rank, world, torch):
             f"difference from fc2(fc1(x)): {_diff(out, fc2(full))}"]
 
 
-def _blocks(mine, rank, world, torch):
+def try_blocks(mine, ctx):
+    rank, world = ctx.rank, ctx.size
     torch.manual_seed(0)
     mlp = mine.MLP(8, 4 * world).double()
     attn = mine.Attention(8, 2 * world, causal=True).double()
@@ -97,7 +94,8 @@ def _blocks(mine, rank, world, torch):
     return lines
 
 
-def _pipeline(mine, rank, world, torch):
+def try_pipeline(mine, ctx):
+    rank, world = ctx.rank, ctx.size
     nn = torch.nn
     torch.manual_seed(0)
     layers = [nn.Sequential(nn.Linear(4, 6), nn.Tanh()), nn.Linear(6, 3)]
@@ -121,22 +119,17 @@ def _pipeline(mine, rank, world, torch):
     return lines
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("piece", choices=PIECES)
-    parser.add_argument("work")
-    args = parser.parse_args(argv)
-    import torch
-
-    from ..rankworker import gloo_group, load_student
-    mine = load_student(args.work)
-    try_piece = {"f_and_g": _f_and_g, "layers": _layers, "blocks": _blocks,
-                 "pipeline": _pipeline}[args.piece]
-    with gloo_group(60, threads=1) as (rank, world):
-        lines = try_piece(mine, rank, world, torch)
-    sys.stdout.write("".join(f"rank {rank}: {line}\n" for line in lines))
-    sys.stdout.flush()
-
-
-if __name__ == "__main__":
-    main()
+TRIES = {
+    "f_and_g": core.Try(try_f_and_g, ("CopyToParallel.forward", "CopyToParallel.backward",
+                                      "ReduceFromParallel.forward",
+                                      "ReduceFromParallel.backward"), "f and g"),
+    "layers": core.Try(try_layers, ("ColumnParallelLinear.from_linear",
+                                    "ColumnParallelLinear.forward",
+                                    "RowParallelLinear.from_linear", "RowParallelLinear.forward"),
+                       "the column- and row-parallel layers"),
+    "blocks": core.Try(try_blocks, ("ParallelMLP.from_mlp", "ParallelMLP.forward",
+                                    "ParallelAttention.from_attention",
+                                    "ParallelAttention.forward"), "the MLP and the attention"),
+    "pipeline": core.Try(try_pipeline, ("gpipe_order", "one_f_one_b_order", "pipeline_step"),
+                         "a 2-stage pipeline step"),
+}
