@@ -24,5 +24,7 @@ Modules:
   imports it), held against the bytes the kernel counted where links are observed;
 * ``bench``: the student's stages against torch DDP (a torchrun script), tables and plots;
 * ``network``: the same benchmark on two hosts with links of 100 Mbit/s, 1 Gbit/s and
-  unshaped: where overlap and buckets pay.
+  unshaped: where overlap and buckets pay;
+* ``tries``: the try cells after each part of the file (2 ranks; each prints what the part
+  did beside one process; nothing judged).
 """

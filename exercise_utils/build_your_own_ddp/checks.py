@@ -27,8 +27,10 @@ Used in 06_build_your_own_ddp.
 """
 import numpy as np
 
-from ..contract import fail
+from ..contract import CheckFailure, fail
 from ..harness import assert_close, check
+from ..notebook_files import unimplemented
+from ..notebook_files import unwritten as unwritten_message
 from . import reference as ref
 from . import references
 from .checks_api import verify_closure_loss, verify_log, verify_init, verify_main_init
@@ -110,33 +112,58 @@ def check_api(path, timeout=TIMEOUT):
     """Check ``init`` (every launcher, 1 to 4 processes, the backend and device, a second
     call), then ``partition_dataset``, ``broadcast_parameters`` and ``DistributedOptimizer``
     (2 ranks torchrun-style, 3 ranks under mpiexec); on the wire, the broadcasts and the
-    check's own averaging (``api-wire``)."""
-    verify_init(path, timeout)
-    batches = {}                 # world size -> the global batch of each step (seed 0)
+    check's own averaging (``api-wire``). Piece by piece, in the notebook's order (issue 39):
+    every finished piece is judged (the ranks join the group themselves where ``init`` is not
+    written yet); the pieces still raising NotImplementedError are named at the end, with
+    those that passed."""
+    todo = [] if verify_init(path, timeout) else ["init"]
+    batches, passed = {}, ["init"] if not todo else []
     for size, where, res in stage_results(path, "api", timeout):
-        raise_if_todo(res, path)
-        verify_main_init(res, size, where)
-        _check_broadcast(res, size)
-        _check_partition(res, size)
-        batches[size] = [sorted(i for out in res for i in out["batches"][k])
-                         for k in range(len(res[0]["batches"]))]
-        _check_same_steps(batches)
-        _check_seed(res)
-        x, y, _ = ref.dataset()
-        for case, strategy, how in OPTIMIZER_CASES:
-            runs = [out["train"][case] for out in res]
-            verify_log(runs, case, strategy, how)
-            steps = [[[(x[idx], y[idx])] for idx in per_step] for per_step in
-                     zip(*[run["batches"] for run in runs])]
-            reference = references.replay("edge", runs[0]["init"], steps)
-            for rank, run in enumerate(runs):
-                verify_numbers(run, reference, rank, size, f"training with DistributedOptimizer("
-                               f"strategy={strategy!r}) on your partition_dataset's batches"
-                               + (", step(closure)" if how == "closure" else ""),
-                               "Broadcast rank 0's model first; step() must average once, "
-                               "then call the local optimizer's step", case, "edge")
-                if how == "closure":
-                    verify_closure_loss(run, rank)
+        raise_if_todo([{"todo": out.get("todo")} for out in res], path)   # (init: above)
+        unwritten = {k: v for out in res for k, v in out.get("unwritten", {}).items()}
+        todo = list(dict.fromkeys(todo + list(unwritten.values())))
+        if not todo or todo[0] != "init":
+            verify_main_init(res, size, where)
+        if "partition" not in unwritten:
+            _check_partition(res, size)
+            batches[size] = [sorted(i for out in res for i in out["batches"][k])
+                             for k in range(len(res[0]["batches"]))]
+            _check_same_steps(batches)
+            _check_seed(res)
+        if "broadcast" not in unwritten:
+            _check_broadcast(res, size)
+        if not unwritten:
+            _check_training(res, size)
+    if todo:
+        passed += [name for name, piece in API_PIECES if piece not in unwritten]
+        later = [name for name in unimplemented(path) if name not in todo]
+        raise CheckFailure("not implemented yet: " + unwritten_message(
+            todo, path, later, passed="Finished and passing with 2 and 3 ranks: "
+            f"{', '.join(passed)}." if passed else ""))
+
+
+# the API's pieces after init, in the notebook's order: (name, the probe's piece)
+API_PIECES = (("partition_dataset", "partition"), ("broadcast_parameters", "broadcast"),
+              ("DistributedOptimizer", "train"))
+
+
+def _check_training(res, size):
+    """Training with DistributedOptimizer on partition_dataset's batches, every strategy."""
+    x, y, _ = ref.dataset()
+    for case, strategy, how in OPTIMIZER_CASES:
+        runs = [out["train"][case] for out in res]
+        verify_log(runs, case, strategy, how)
+        steps = [[[(x[idx], y[idx])] for idx in per_step] for per_step in
+                 zip(*[run["batches"] for run in runs])]
+        reference = references.replay("edge", runs[0]["init"], steps)
+        for rank, run in enumerate(runs):
+            verify_numbers(run, reference, rank, size, f"training with DistributedOptimizer("
+                           f"strategy={strategy!r}) on your partition_dataset's batches"
+                           + (", step(closure)" if how == "closure" else ""),
+                           "Broadcast rank 0's model first; step() must average once, "
+                           "then call the local optimizer's step", case, "edge")
+            if how == "closure":
+                verify_closure_loss(run, rank)
 
 
 def _check_broadcast(res, size):

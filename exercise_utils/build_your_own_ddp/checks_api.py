@@ -16,7 +16,6 @@ import hashlib
 from pathlib import Path
 
 from ..contract import CheckFailure, fail
-from ..notebook_files import unwritten
 from ..harness import run_ranks
 from . import probes_init
 from . import reference as ref
@@ -28,6 +27,8 @@ NAMES = {"torchrun": "torchrun", "mpich": "MPICH's mpiexec", "openmpi": "Open MP
 
 
 def verify_init(path, timeout):
+    """Judge ``init`` under every simulated launcher (one lone launch, kept per file
+    content); True when it passed, False when it still raises NotImplementedError."""
     path = Path(path)
     if not path.is_file():
         raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it "
@@ -39,6 +40,9 @@ def verify_init(path, timeout):
                                      what="init() under simulated launchers",
                                      case="init-torchrun")
     reports = _CACHE[digest]
+    if any(report.get("error", "").startswith("NotImplementedError")
+           for job in reports for report in job):
+        return False
     for (case, launcher, size, per_node, opts), job in zip(INIT_CASES, reports):
         for rank, report in enumerate(job):
             _check_one(case, launcher, size, per_node, opts, rank, report)
@@ -51,6 +55,7 @@ def verify_init(path, timeout):
                      f"dist.init_process_group with timeout "
                      f"{timeouts} (seconds); pass timeout=datetime.timedelta(seconds=timeout_s)"
                      " (gloo's default is 30 minutes: a bug would hang that long)")
+    return True
 
 
 def _where(launcher, size, per_node, opts):
@@ -69,8 +74,6 @@ def _where(launcher, size, per_node, opts):
 def _check_one(case, launcher, size, per_node, opts, rank, report):
     env = launcher_env(launcher, rank, size, per_node)
     where = f"{_where(launcher, size, per_node, opts)}, on rank {rank} ({env or 'no variables'})"
-    if report.get("error", "").startswith("NotImplementedError"):
-        raise CheckFailure("not implemented yet: " + unwritten("init", "06_myddp.py"))
     if "error" in report:
         taken = "EADDRINUSE" in report["error"] or "address already in use" in report["error"]
         fail(case, f"init() {where} raised {report['error'][:600]}" + (

@@ -9,6 +9,14 @@ INIT_ENV = (
     '    local_rank = _first_env(("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK"), 0)\n')
 SAMPLER = ("    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,\n"
            "                                 seed=seed, drop_last=True)\n")
+STUB = "{}\n    # YOUR CODE HERE\n    raise NotImplementedError()\n"    # (as released)
+# part 2 of the file as released: broadcast_parameters and DistributedOptimizer
+PART2_STUBS = (Def("broadcast_parameters", STUB.format("def broadcast_parameters(model, root=0):")),
+               Def("DistributedOptimizer.__init__",
+                   STUB.format("def __init__(self, optimizer, model, strategy=\"naive\"):")),
+               Def("DistributedOptimizer.step", STUB.format("def step(self, closure=None):")),
+               Def("DistributedOptimizer.zero_grad",
+                   STUB.format("def zero_grad(self, set_to_none=True):")))
 BROADCAST = ("    with torch.no_grad():\n"
              "        for tensor in list(model.parameters()) + list(model.buffers()):\n"
              "            dist.broadcast(tensor, src=root)\n")
@@ -180,6 +188,13 @@ FLAWS = [
              "order.",
          expect="original order",
          patch=((SAMPLER, SAMPLER.replace("shuffle=True", "shuffle=False")),)),
+    Flaw("api", "partition_unshuffled_part2_unfinished", clause="partition-shuffled",
+         case="partition-shuffled",
+         why="the same unshuffled sampler, with broadcast_parameters and DistributedOptimizer "
+             "still as released: a finished piece's failure is shown, not hidden behind the "
+             "unfinished ones (issue 39).",
+         expect="original order",
+         patch=((SAMPLER, SAMPLER.replace("shuffle=True", "shuffle=False")), *PART2_STUBS)),
     Flaw("api", "contiguous_blocks", clause="partition-step-k", case="partition-same-steps",
          why="shuffles with a generator seeded by `seed` and gives each rank one contiguous "
              "block of the order: disjoint, the same number of steps, but step k's global batch "
