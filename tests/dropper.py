@@ -15,6 +15,7 @@ submission's folder (``PYTHONSAFEPATH``), the dropper scores 0.
 """
 import json
 import re
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,7 +130,10 @@ def notebook(release_text, planted=None):
         if cell["cell_type"] == "code" and re.match(r"%%(writefile|part) \S+\.py( \d+/\d+)?\s*\n",
                                                      src):
             first, _, rest = src.partition("\n")
-            cell["source"] = first + "\n" + head(planted) + rest
+            code = [ln for ln in rest.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+            indent = code[0][:len(code[0]) - len(code[0].lstrip())] if code else ""
+            # (a part that continues a class is indented: the header runs in the class body)
+            cell["source"] = first + "\n" + textwrap.indent(head(planted), indent) + rest
     return json.dumps(nb, indent=1)
 
 

@@ -18,5 +18,7 @@ Modules:
   with the check cases that hold it;
 * ``probes``, ``probes_runs``, ``probes_checkpoint``: what runs inside the ranks those checks
   start;
+* ``tries``: the try cells after each part of the file (issue 39): the memory model and the
+  partition in the notebook's process, the steps and a checkpoint on 2 gloo ranks;
 * ``bench``: optimizer state and memory per rank against AdamW and ``ZeroRedundancyOptimizer``.
 """

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import CheckFailure, fail
-from ..notebook_files import unwritten
+from ..notebook_files import no_file, unwritten
 from ..harness import HANG_AFTER, check, observing, run_ranks
 from . import probes, replay, wire
 from .checks_memory import check_memory, expected_bytes  # noqa: F401 - the CHECK cell imports
@@ -94,8 +94,7 @@ def stage_results(path, stage, timeout):
     for (:func:`.wire.judge`)."""
     path = Path(path)
     if not path.is_file():
-        raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it "
-                           f"first.")
+        raise CheckFailure(no_file(path))
     digest, failed, observed = hashlib.sha256(path.read_bytes()).hexdigest(), set(), observing()
     for size in WORLD_SIZES:
         entry = _CACHE.setdefault((digest, size, observed),
