@@ -20,4 +20,6 @@ Modules:
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
 * ``bench``: peak memory and step time of DDP, ZeRO-1, your ZeRO-2 and ZeRO-3 and FSDP2.
+* ``tries``: the try cells after each part of ``work/09_fsdp.py`` (2 gloo ranks beside one
+  process; not graded).
 """

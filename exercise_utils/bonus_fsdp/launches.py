@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from ..contract import CheckFailure
-from ..notebook_files import unwritten
+from ..notebook_files import no_file, unwritten
 from ..harness import HANG_AFTER, observing, run_ranks, salting
 from ..recorder import verify_no_hidden
 from . import nets, probes, references
@@ -72,8 +72,7 @@ def stage_results(path, stages, stage):
     """Yield ``(size, per-rank results of stage)`` for 2 then 3 ranks."""
     path = Path(path)
     if not path.is_file():
-        raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates "
-                           "it first.")
+        raise CheckFailure(no_file(path))
     for size in WORLD_SIZES:
         res = launch(path, size, stages)
         try:     # point-to-point messages are off-topic in zero2 and zero3 (the collectives
