@@ -16,4 +16,6 @@ Modules:
 * ``experiments``: training accuracy against bytes sent (a torchrun script), tables, plots;
 * ``paper``: the paper's CIFAR-10 figures, its data column recomputed from ResNet-18;
 * ``network``: step time against the link rate on two hosts, and the break-even rate.
+* ``tries``: the try cells after each part of the file (part 1 in one process, part 2 on
+  2 gloo ranks: one ``reduce()`` of a tiny model), printing what it computed.
 """

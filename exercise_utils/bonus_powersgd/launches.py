@@ -10,7 +10,7 @@ import hashlib
 from pathlib import Path
 
 from ..contract import CheckFailure
-from ..notebook_files import unwritten
+from ..notebook_files import no_file, unwritten
 from ..harness import HANG_AFTER, observing, run_ranks
 from . import probes
 
@@ -28,8 +28,7 @@ def _results(path, stage, timeout):
     or hung in that launch, from a launch of the local stages alone."""
     path = Path(path)
     if not path.is_file():
-        raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it "
-                           f"first.")
+        raise CheckFailure(no_file(path))
     digest = wire_key(path)
     key = (digest, "worlds")
     if key not in _CACHE:
