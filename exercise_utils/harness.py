@@ -34,7 +34,7 @@ from . import zygote
 from . import processes
 from .processes import TAG, kill_processes, tagged_processes
 from .contract import CheckFailure
-from .notebook_files import unimplemented, unwritten
+from .notebook_files import no_file, unimplemented, unwritten
 
 
 TORCH_IMPORT = re.compile(r"^\s*(import|from)\s+torch\b", flags=re.M)
@@ -108,7 +108,7 @@ def _run_ranks(path, probe, world_size, backend, kwargs, timeout, what, limit, w
     for launches in _CHECKS:
         launches.append((what, world_size, backend))
     if not path.is_file():
-        raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it first.")
+        raise CheckFailure(no_file(path))
     found = _grading_limits()
     timeout = hang_time(timeout)
     limit, cut = launch_limit(limit, what, case)

@@ -129,6 +129,12 @@ def unimplemented(path):
     return found
 
 
+def no_file(path):
+    """The message of a student's file that does not exist yet (a check or a launch on it)."""
+    return (f"{path} does not exist: run the cell that writes it first (its %%writefile "
+            "cell, or each of its %%part cells).")
+
+
 def unwritten(names, path, later=(), this_cell=False, passed=""):
     """The message of code not written yet, the same wherever it is found (a check, a launch,
     a function called in the notebook): ``names`` (functions, ``Class.method``) in ``path``

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import display, harness
 from .contract import CheckFailure
-from .notebook_files import unimplemented, unwritten
+from .notebook_files import PART_MARK_RE, parts_of, unimplemented, unwritten
 
 
 @dataclass(frozen=True)
@@ -64,23 +64,43 @@ def ready(path, needs):
     if not Path(path).is_file():
         raise display.NotReady(f"{path} does not exist yet: run the cells that write it (the "
                                "%%writefile or %%part cells above) first, then this cell.")
+    text = Path(path).read_text()
     try:
-        ast.parse(Path(path).read_text())
+        ast.parse(text)
     except SyntaxError as err:
-        raise display.NotReady(f"{path} is not valid Python (line {err.lineno}: {err.msg}): "
-                               "fix the cell that wrote it and run it again, then this "
-                               "cell.") from None
+        unrun = parts_not_run(text)
+        raise display.NotReady(
+            f"{path} is not valid Python (line {err.lineno}: {err.msg})" + (
+                f": its part {unrun[0]} is not written yet (a part may continue the class of "
+                f"the one before it): run the cell `%%part {unrun[1]}` first, then this cell."
+                if unrun else ": fix the cell that wrote it and run it again, then this "
+                "cell.")) from None
     have = defined(path)
     missing = [n for n in needs if n not in have]
     if missing:
+        unrun = parts_not_run(text)
         raise display.NotReady(f"{', '.join(missing)} not found in {path}: run the cells "
-                               "above that write it first (each %%part cell writes its own "
-                               "part), then this cell.")
+                               "above that write it first" + (
+                                   f" (part {unrun[0]}: the cell `%%part {unrun[1]}`)"
+                                   if unrun else "") + ", then this cell.")
     todo = unimplemented(path)
     waiting = [n for n in needs if n in todo]
     if waiting:
         raise display.NotWritten(waiting[0], unwritten(
             waiting, path, [n for n in todo if n not in waiting], this_cell=True))
+
+
+def parts_not_run(text):
+    """``(K, "PATH K/N")`` of the first part of a file built by ``%%part`` cells whose cell
+    has not run yet (:func:`.notebook_files.parts_of`), or None."""
+    marks = [PART_MARK_RE.match(line) for line in text.splitlines()]
+    found = [m for m in marks if m]
+    if not found:
+        return None
+    n, have = int(found[0][2]), parts_of(text)
+    path = found[0].string.split("`%%part ", 1)[-1].rstrip("`").rsplit(" ", 1)[0]
+    k = next((k for k in range(1, n + 1) if k not in have), None)
+    return None if k is None else (k, f"{path} {k}/{n}")
 
 
 def run(tries, name, path):

@@ -273,7 +273,7 @@ def test_syntax_error_is_reported(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(AssertionError, match="does not exist: run the %%writefile cell"):
+    with pytest.raises(AssertionError, match="does not exist: run the cell that writes it first"):
         run_ranks(tmp_path / "nope.py", "harness_probes:probe_value")
 
 

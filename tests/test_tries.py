@@ -32,7 +32,8 @@ def test_a_file_not_ready_is_told_before_any_rank_starts(tmp_path, solution06):
     part1 = text.split("# ---- part 2/5")[0]          # the other parts' cells not run yet
     missing.write_text(part1)
     tries.ready(missing, NEEDS)                        # part 1 is all this try needs
-    with pytest.raises(display.NotReady, match="broadcast_parameters not found in"):
+    with pytest.raises(display.NotReady, match=r"broadcast_parameters not found in .*\(part "
+                                               r"2: the cell `%%part work/06_myddp.py 2/5`\)"):
         tries.ready(missing, ("broadcast_parameters",))
     blank = writefile_cells(ROOT / "notebooks" / "06_build_your_own_ddp.ipynb")["work/06_myddp.py"]
     missing.write_text(blank)

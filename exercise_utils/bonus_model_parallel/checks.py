@@ -30,7 +30,7 @@ import numpy as np
 
 from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, observing, run_ranks
-from ..notebook_files import unimplemented, unwritten
+from ..notebook_files import no_file, unimplemented, unwritten
 from ..recorder import verify_no_hidden
 from . import probes
 from .nets import BLOCKS, PARAMS, blocks, reference, rows_of, shard
@@ -337,8 +337,7 @@ def check_tensor_parallel(path):
     beside them, 1.11 times the most)."""
     path = Path(path)
     if not path.is_file():
-        raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it "
-                           "first.")
+        raise CheckFailure(no_file(path))
     observed = observing()
     todo = []
     for size in WORLD_SIZES:     # piece by piece: a finished piece is judged before any todo

@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import CheckFailure, fail
-from ..notebook_files import unwritten
+from ..notebook_files import no_file, unwritten
 from ..harness import HANG_AFTER, check, observing, run_ranks
 from . import probes_pp
 from .nets import PP_LAYERS, PP_RUNS, PP_WIDTHS, pp_reference, pp_runs
@@ -89,8 +89,7 @@ FUNCS = {"gpipe_order": ("gpipe", "schedule-gpipe"),
 def _exists(path):
     path = Path(path)
     if not path.is_file():
-        raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it "
-                           "first.")
+        raise CheckFailure(no_file(path))
     return path
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..contract import CheckFailure, fail
 from ..harness import run_ranks
+from ..notebook_files import no_file
 from . import probes_init
 from . import reference as ref
 from .probes_init import INIT_CASES, INIT_TIMEOUT, launcher_env
@@ -31,8 +32,7 @@ def verify_init(path, timeout):
     content); True when it passed, False when it still raises NotImplementedError."""
     path = Path(path)
     if not path.is_file():
-        raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it "
-                           "first.")
+        raise CheckFailure(no_file(path))
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest not in _CACHE:
         [_CACHE[digest]] = run_ranks(path, probes_init.probe_init, 1, "none",

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from ..contract import CheckFailure
-from ..notebook_files import unwritten
+from ..notebook_files import no_file, unwritten
 from ..harness import HANG_AFTER, observing, run_ranks, salting
 from .. import recorder
 from . import probes
@@ -50,8 +50,7 @@ def stage_results(path, stage, timeout):
     (``"unwritten"``: the check then fails naming it)."""
     path = Path(path)
     if not path.is_file():
-        raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates "
-                           "it first.")
+        raise CheckFailure(no_file(path))
     digest, failed, observed = hashlib.sha256(path.read_bytes()).hexdigest(), set(), observing()
     for size, backend, where in WORLDS:
         entry = _CACHE.setdefault((digest, size, salting(), observed),

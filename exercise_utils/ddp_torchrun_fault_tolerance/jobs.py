@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..contract import CheckFailure
+from ..notebook_files import no_file
 from . import agent, probes
 
 TIMEOUT = 60                 # seconds all workers may make no progress before it is a hang
@@ -44,8 +45,7 @@ def steps_per_epoch(workers, train=TRAIN, batch=BATCH):
 
 def require(path):
     if not Path(path).is_file():
-        raise CheckFailure(f"{path} does not exist: run the %%writefile cell that creates it "
-                           "first.")
+        raise CheckFailure(no_file(path))
 
 
 @dataclass
