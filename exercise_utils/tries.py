@@ -14,7 +14,7 @@ number of ranks::
     def run(name, work=WORK):
         tries.run(TRIES, name, work)
 
-Used by the try cells of 06_build_your_own_ddp to 10_bonus_model_parallel.
+Used by the try cells of 04_resnet_cifar_data_parallel to 10_bonus_model_parallel.
 """
 import ast
 import time
@@ -28,15 +28,18 @@ from .notebook_files import PART_MARK_RE, parts_of, unimplemented, unwritten
 
 @dataclass(frozen=True)
 class Try:
-    """One try: ``probe(student, ctx) -> [lines]`` run on ``ranks`` ranks (``backend``
-    ``"gloo"``, or ``"none"``: independent processes); ``needs``: the functions and methods
-    (``Class.method``) of the student's file it calls, in the file's order; ``what``: what it
-    tries, for its messages."""
+    """One try: ``probe(student, ctx, **kwargs) -> [lines]`` run on ``ranks`` ranks
+    (``backend`` ``"gloo"``, or ``"none"``: independent processes, which set up their group
+    themselves); ``needs``: the functions and methods (``Class.method``) of the student's file
+    it calls, in the file's order; ``what``: what it tries, for its messages; ``kwargs``: a
+    function called in the kernel at each run, returning the probe's keyword arguments (a
+    free port), or None."""
     probe: object
     needs: tuple
     what: str
     ranks: int = 2
     backend: str = "gloo"
+    kwargs: object = None
 
 
 def defined(path):
@@ -115,6 +118,7 @@ def run(tries, name, path):
     try:
         with harness.session():
             lines = harness.run_ranks(path, one.probe, one.ranks, one.backend,
+                                      one.kwargs() if one.kwargs else None,
                                       what=f"the try of {one.what}")
     except CheckFailure as err:
         err.check, err.seconds = f"the try of {one.what}", display.seconds_since(start)

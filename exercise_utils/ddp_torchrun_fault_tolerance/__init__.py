@@ -25,5 +25,7 @@ Modules:
   hosts of ``exercise_utils.cluster``); cluster and SLURM commands;
 * ``node_failure``: a host dies in a two-host job: fixed size, replaced, elastic;
 * ``hello``: the multi-node hello-world every worker runs (copy it to a cluster);
-* ``join``: uneven inputs under DDP, the hang and ``model.join()`` (a torchrun script).
+* ``join``: uneven inputs under DDP, the hang and ``model.join()`` (a torchrun script);
+* ``tries``: the try cell after part 1 of the file (``ddp_setup`` and a ``Trainer`` on 2
+  processes started as torchrun starts them; nothing judged).
 """

@@ -13,5 +13,7 @@ Modules:
   with the check cases that hold it;
 * ``tricks``: the trainer's parts (whitening, label smoothing, EMA, optimizer, augmentation);
 * ``runner``: settings, data and the launcher the student's file calls (``runner.main``);
-* ``experiments``: time and accuracy for 1, 2 (and 4) ranks; the all-reduce cost.
+* ``experiments``: time and accuracy for 1, 2 (and 4) ranks; the all-reduce cost;
+* ``tries``: the try cell after part 1 of the file (``rank_process`` on 2 processes with a
+  stand-in ``train``; nothing judged).
 """
