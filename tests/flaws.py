@@ -150,6 +150,15 @@ def write(number, flaw, folder):
     return path
 
 
+def unfinished(number, name, folder):
+    """The file of notebook ``number``'s flaw ``name`` with its stubs alone (its ``Def``
+    edits: functions still as released, the flaw itself left out), written into ``folder``:
+    ``(path, the check of its exercise)``. The piece-by-piece tests (issue 39) run it."""
+    flaw = next(f for f in load(number) if f.name == name)
+    stubs = tuple(edit for edit in flaw.patch if isinstance(edit, Def))
+    return write(number, flaw._replace(patch=stubs), folder), checker(number, flaw.exercise)[0]
+
+
 def all_flaws():
     """``[(number, flaw)]`` over every notebook."""
     return [(n, f) for n in numbers() for f in load(n)]

@@ -65,12 +65,9 @@ def test_the_api_check_reports_piece_by_piece(tmp_path):
     """Part 1 written (init, partition_dataset), part 2 as released: the check judges what is
     finished, says what passed and names the rest, in the notebook's order; init as released
     and the rest finished: the others are judged all the same (issue 39)."""
-    stubs = next(f for f in flaws.load("06")
-                 if f.name == "partition_unshuffled_part2_unfinished").patch[1:]
-    path = tmp_path / "06_myddp.py"
-    path.write_text(flaws.apply(flaws.solution_file("06", path.name), stubs))
+    path, check = flaws.unfinished("06", "partition_unshuffled_part2_unfinished", tmp_path)
     with pytest.raises(AssertionError) as err:
-        checks.check_api(path)
+        check(path)
     assert str(err.value) == (
         f"not implemented yet: broadcast_parameters in {path} still raises NotImplementedError. "
         "Replace the `raise` line with your code, then run the cell `%%part work/06_myddp.py "

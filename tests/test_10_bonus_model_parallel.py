@@ -122,14 +122,9 @@ def test_the_tensor_parallel_check_reports_piece_by_piece(tmp_path):
     ``bias_before_all_reduce_blocks_unfinished``), says what passed and lists the rest as
     still to do, in the notebook's order (issue 39)."""
     import flaws
-    unfinished = next(f for f in flaws.load("10")
-                      if f.name == "bias_before_all_reduce_blocks_unfinished")
-    stubs = tuple(edit for edit in unfinished.patch if isinstance(edit, flaws.Def))
-    assert len(stubs) == 4                  # the MLP's and the attention's, as released
-    path = tmp_path / "10_model_parallel.py"
-    path.write_text(flaws.apply(flaws.solution_file("10", path.name), stubs))
+    path, check = flaws.unfinished("10", "bias_before_all_reduce_blocks_unfinished", tmp_path)
     with pytest.raises(AssertionError) as err:
-        checks.check_tensor_parallel(path)
+        check(path)
     assert str(err.value) == (
         f"not implemented yet: ParallelMLP.from_mlp in {path} still raises NotImplementedError. "
         "Replace the `raise` line with your code, then run the cell `%%part "

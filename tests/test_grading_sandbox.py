@@ -215,8 +215,8 @@ def test_notebook_cheats_score_zero_under_autograde(bwrap, tmp_path):  # noqa: F
     subs = {}
     for student, body in CHEAT_CELL.items():
         nb = nbformat.reads(nbformat.writes(release), as_version=4)
-        cell = next(c for c in nb.cells if c.source.startswith("%%writefile work/07_zero.py"))
-        cell.source = "%%writefile work/07_zero.py\n" + body
+        cell = next(c for c in nb.cells if c.source.startswith("%%part work/07_zero.py 1/"))
+        cell.source = cell.source.split("\n", 1)[0] + "\n" + body
         subs[student] = nbformat.writes(nb)
     course, scores, _ = autograde(tmp_path, stem, subs, whole_notebook=False)
     assert scores == {"reads_solution": 0.0, "reads_gradebook": 0.0}, scores

@@ -120,7 +120,7 @@ CONTRACT = {
         Clause("feedback", "The part of `M` the rank-`r` approximation misses, `M − P Qᵀ`, is "
                "kept and added to the next gradient: nothing is lost for good, it is only "
                "delayed.", cases=("psgd-values",)),
-        Clause("flat-buffer", "The uncompressed ones are all-reduced together in one flat buffer "
+        Clause("flat-buffer", "The uncompressed tensors are all-reduced together in one flat buffer "
                "(notebook 06).", cases=("psgd-one-buffer",)),
         Clause("full-rank", "full rank, where the result must equal the exact average",
                cases=("psgd-full-rank",)),

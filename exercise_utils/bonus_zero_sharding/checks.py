@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import CheckFailure, fail
-from ..notebook_files import no_file, unwritten
+from ..notebook_files import no_file, unimplemented, unwritten
 from ..harness import HANG_AFTER, check, observing, run_ranks
 from . import probes, replay, wire
 from .checks_memory import check_memory, expected_bytes  # noqa: F401 - the CHECK cell imports
@@ -125,6 +125,8 @@ def stage_results(path, stage, timeout):
                      f"be trained: every rank must compute the same assignment (check_sharded "
                      f"shows where)")
         yield size, res
+        if any("unwritten" in out for out in res):
+            continue        # (nothing trained: the check fails naming what is not written)
         alone = entry["links"].get("sharded") if stage == "checkpoint" else None
         wire.judge(entry["links"].get(stage), stage, size, sum(alone.values()) if alone else None)
 
@@ -269,7 +271,13 @@ def check_sharded(path, timeout=TIMEOUT):
     """Check ``partition_parameters``, ``ShardedOptimizer.__init__``, ``step``, ``zero_grad``
     and ``add_param_group`` with 2, 3 and 1 ranks (one launch each, shared with
     ``check_checkpoint``; on the wire, the training alone: ``sharded-wire``)."""
+    todo, sizes = None, []
     for size, res in stage_results(path, "sharded", timeout):
+        todo = todo or next((out["unwritten"] for out in res if "unwritten" in out), None)
+        if todo:                     # piece by piece (issue 39): the partition is judged,
+            check_partitions(res)    # the optimizer's code still raises NotImplementedError
+            sizes.append(str(size))
+            continue
         replay.judge(res, size)      # the reference, replayed here: never the ranks'
         check_partitions(res)
         check_train(res, size)
@@ -277,3 +285,8 @@ def check_sharded(path, timeout=TIMEOUT):
         check_state(res, size)
         check_groups(res, size)
         check_runs(res, size)
+    if todo:
+        raise CheckFailure("not implemented yet: " + unwritten(
+            todo, path, [n for n in unimplemented(path) if n != todo],
+            passed=f"Finished and passing with {', '.join(sizes[:-1])} and {sizes[-1]} ranks: "
+                   "partition_parameters."))

@@ -114,6 +114,16 @@ FLAWS = [
          expect="partition_parameters([1, 2, 10], 2, loads=None) returned [0, 1, 0], ranks "
                 "holding [2, 11]",
          patch=((GREEDY_LOOP, "    for i in range(len(numels)):\n"),)),
+    Flaw("sharded", "unsorted_greedy_optimizer_unfinished", clause="greedy",
+         case="partition-greedy",
+         why="the same unsorted greedy, with ShardedOptimizer's construction still as released: "
+             "the partition's failure is shown, not hidden behind the unfinished class "
+             "(issue 39).",
+         expect="partition_parameters([1, 2, 10], 2, loads=None) returned [0, 1, 0]",
+         patch=((GREEDY_LOOP, "    for i in range(len(numels)):\n"),
+                Def("ShardedOptimizer.__init__",
+                    "def __init__(self, params, optimizer_cls, **kwargs):\n"
+                    "    # YOUR CODE HERE\n    raise NotImplementedError()\n"))),
     Flaw("sharded", "unbalanced", clause="greedy", case="partition-greedy",
          why="deals the parameters out round-robin by COUNT (parameter i to rank i % "
              "world_size), ignoring their sizes.",

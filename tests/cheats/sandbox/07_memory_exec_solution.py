@@ -9,7 +9,6 @@ from pathlib import Path
 import exercise_utils
 
 _NB = Path(exercise_utils.__file__).resolve().parents[1] / "solutions" / "07_bonus_zero_sharding.ipynb"
-for _cell in json.loads(_NB.read_text())["cells"]:
-    _text = "".join(_cell["source"])
-    if _text.startswith("%%writefile work/07_zero.py"):
-        exec(_text.split("\n", 1)[1], globals())
+_parts = ["".join(_c["source"]) for _c in json.loads(_NB.read_text())["cells"]]
+exec("\n\n".join(_t.split("\n", 1)[1] for _t in _parts        # (its %%part cells, in order)
+                   if _t.startswith("%%part work/07_zero.py ")), globals())
