@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import display, harness
 from .contract import CheckFailure
-from .notebook_files import PART_MARK_RE, parts_of, unimplemented, unwritten
+from .notebook_files import PART_MARK_RE, no_file, parts_of, unimplemented, unwritten
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,7 @@ def ready(path, needs):
     missing, does not parse, lacks a function of ``needs`` (its cell not run yet) or still
     raises NotImplementedError in one (named with what else is still to write)."""
     if not Path(path).is_file():
-        raise display.NotReady(f"{path} does not exist yet: run the cells that write it (the "
-                               "%%writefile or %%part cells above) first, then this cell.")
+        raise display.NotReady(no_file(path) + " Then run this cell.")
     text = Path(path).read_text()
     try:
         ast.parse(text)

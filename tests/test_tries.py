@@ -23,7 +23,9 @@ def solution06(tmp_path_factory):
 
 def test_a_file_not_ready_is_told_before_any_rank_starts(tmp_path, solution06):
     missing = tmp_path / "06_myddp.py"
-    with pytest.raises(display.NotReady, match="does not exist yet"):
+    with pytest.raises(display.NotReady, match="does not exist: run the cell that writes it "
+                                               r"first \(its %%writefile cell, or each of its "
+                                               r"%%part cells\)\. Then run this cell\."):
         tries.ready(missing, NEEDS)
     missing.write_text("def init(:\n")
     with pytest.raises(display.NotReady, match=r"is not valid Python \(line 1"):
