@@ -393,6 +393,7 @@ class Tracebacks:
     ``inner``: a filter of the lines left (:class:`.launch.AgentReport`)."""
     PREFIX = re.compile(r"^(\[(?:rank)?\d+\]:? ?)?(.*)$")
     CHAINED = ("During handling of the above exception", "The above exception was the direct")
+    FRAME = re.compile(r'^\s+File "[^"]+", line \d+')
 
     def __init__(self, inner=None):
         self.inner, self.open, self.ended, self.hidden = inner, set(), set(), 0
@@ -400,7 +401,10 @@ class Tracebacks:
     def __call__(self, line):
         prefix, rest = self.PREFIX.match(line).groups()
         chained = prefix in self.ended and (not rest.strip() or rest.startswith(self.CHAINED))
-        if rest.startswith("Traceback (most recent call last):") or chained or (
+        # ranks that print without a prefix (torchrun's workers forked from a zygote) can
+        # interleave two tracebacks: a frame after one's error line is the other's, still open
+        resumed = prefix in self.ended and self.FRAME.match(rest)
+        if rest.startswith("Traceback (most recent call last):") or chained or resumed or (
                 prefix in self.open and (not rest.strip() or rest[0].isspace())):
             self.open.add(prefix)
             if not chained:

@@ -181,6 +181,15 @@ def test_a_notebooks_launch_leaves_the_ranks_tracebacks_out_of_the_live_output()
         "[0] done"]
     assert echo.hidden == 10 and "10 lines of the ranks' tracebacks" in echo.note()
     assert display.Tracebacks().note() is None
+    # two ranks without a prefix (torchrun's workers forked from a zygote), their tracebacks
+    # interleaved: the second one's frames after the first one's error line stay out too
+    bare = ["Traceback (most recent call last):", "Traceback (most recent call last):",
+            '  File "z.py", line 331, in _run_script', "    run()", "NotImplementedError",
+            '  File "z.py", line 331, in _run_script', "    run()", "NotImplementedError",
+            "(a summary)"]
+    echo = display.Tracebacks()
+    assert [line for line in bare if echo(line)] == [
+        "NotImplementedError", "NotImplementedError", "(a summary)"]
 
 
 def test_a_launch_stopped_by_unwritten_code_names_the_function(tmp_path):

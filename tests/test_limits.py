@@ -9,6 +9,7 @@ cgroups: CI); elsewhere these tests skip with the reason.
 """
 import fcntl
 import json
+import re
 import os
 import subprocess
 import sys
@@ -263,7 +264,8 @@ def _hog(text):
     nb = json.loads(text)
     for cell in nb["cells"]:
         src = "".join(cell["source"])
-        if cell["cell_type"] == "code" and src.startswith("%%writefile"):
+        if cell["cell_type"] == "code" and (src.startswith("%%writefile") or
+                                            re.match(r"%%part \S+ 1/\d+\n", src)):
             first, _, rest = src.partition("\n")
             cell["source"] = f"{first}\n{HOG}{rest}"
     return json.dumps(nb)
