@@ -167,7 +167,12 @@ def _part_with(path, name):
     define = re.compile(rf"\s*(async\s+)?def {re.escape(name.split('.')[-1])}\(")
     for line in text.splitlines():
         if PART_MARK_RE.match(line):
-            current = line.split("`%%part ", 1)[-1].rstrip("`")
+            current = part_cell(line)
         elif define.match(line):
             return current
     return None
+
+
+def part_cell(mark):
+    """``"PATH K/N"``: the ``%%part`` cell a part's mark line (:data:`PART_MARK`) names."""
+    return mark.split("`%%part ", 1)[-1].rstrip().rstrip("`")

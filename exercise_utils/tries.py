@@ -23,7 +23,8 @@ from pathlib import Path
 
 from . import display, harness
 from .contract import CheckFailure
-from .notebook_files import PART_MARK_RE, no_file, parts_of, unimplemented, unwritten
+from .notebook_files import (PART_MARK_RE, no_file, part_cell, parts_of, unimplemented,
+                             unwritten)
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def parts_not_run(text):
     if not found:
         return None
     n, have = int(found[0][2]), parts_of(text)
-    path = found[0].string.split("`%%part ", 1)[-1].rstrip("`").rsplit(" ", 1)[0]
+    path = part_cell(found[0].string).rsplit(" ", 1)[0]
     k = next((k for k in range(1, n + 1) if k not in have), None)
     return None if k is None else (k, f"{path} {k}/{n}")
 
