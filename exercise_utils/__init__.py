@@ -4,7 +4,11 @@ The shared core, which every notebook uses:
 ``config`` (quick mode), ``data`` (datasets), ``models`` (the course's networks),
 ``launch`` and ``launch_many`` (run distributed programs with live output and a hard timeout),
 ``processes`` (find and stop everything a launch started), ``harness`` and ``rankworker``
-(run a checker's probe against a student file in fresh processes), ``zygote`` (MPI ranks
+(run a checker's probe against a student file in fresh processes), ``sessions`` (a check's
+session, its zygote and the ``@check`` decorator), ``hostlaunch`` (a check's launch on hosts of
+its own, bytes read on the wire), ``reports`` (what the ranks report, read by the judge),
+``stops`` (why a launch was stopped: hangs, limits, time), ``compare`` (the judge's
+comparisons and likely causes), ``zygote`` (MPI ranks
 forked from one process that imported torch once), ``contract`` (each exercise's clauses and
 the check case that holds each; a check's verdict), ``heartbeat`` (tell a
 hang from a slow machine), ``integrity`` (signed results, guarded checker code), ``pgwatch`` (collectives that bypass

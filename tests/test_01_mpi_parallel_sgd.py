@@ -115,7 +115,7 @@ def test_a_salt_changes_every_input_a_rank_could_rebuild_and_salt_0_none():
     loss sums stay exact in float64 in any order, a rank without samples keeps 0.0."""
     import numpy as np
     import torch
-    from exercise_utils.harness import state_arrays
+    from exercise_utils.compare import state_arrays
     from exercise_utils.mpi_parallel_sgd import inputs
     salt = 2 ** 47 + 12345
     for dtype, shape in (("float32", (3,)), ("float64", (2, 2))):

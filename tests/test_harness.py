@@ -5,8 +5,10 @@ import time
 import numpy as np
 import pytest
 
-from exercise_utils import harness, notebook_files
-from exercise_utils.harness import assert_close, run_ranks
+from exercise_utils import harness, notebook_files, sessions
+from exercise_utils.compare import assert_close
+from exercise_utils.harness import run_ranks
+
 
 pytestmark = pytest.mark.usefixtures("env_pythonpath")
 GLOO_SUM = "harness_probes:probe_gloo_sum"
@@ -237,7 +239,7 @@ def test_a_nested_session_ends_with_no_rank_of_its_own_left():
     import psutil
     from exercise_utils.processes import TAG
     with harness.session(start=True):
-        state = harness._SESSION[0]
+        state = sessions.SESSION[0]
         with harness.session():
             lingering = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                          env={**os.environ, TAG: state["tag"]})
@@ -442,7 +444,7 @@ def test_mpi_hang_is_reported_although_mpi_spins(tmp_path):
 def test_a_mismatch_names_its_likely_cause():
     """Issue 26, part 4: a NaN, a result that never moved, N or 1/N times the update, the
     opposite sign, or a replayed known mistake is named; anything else is not guessed at."""
-    from exercise_utils.harness import assert_close, likely_cause
+    from exercise_utils.compare import assert_close, likely_cause
     start = {"w": np.array([1.0, 2.0, 3.0]), "b": np.array([0.5])}
     want = {"w": np.array([1.1, 1.8, 3.3]), "b": np.array([0.4])}
     moved = lambda k: {n: start[n] + k * (want[n] - start[n]) for n in want}  # noqa: E731

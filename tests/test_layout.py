@@ -15,7 +15,8 @@ PACKAGE = ROOT / "exercise_utils"
 CORE = {"config", "data", "models", "launch", "launch_many", "processes", "harness", "rankworker",
         "heartbeat", "integrity", "pgwatch", "recorder",
         "bench", "notebook_files", "linebuf", "cluster", "contract", "zygote", "plaindata",
-        "sandbox", "display", "hosts", "wire", "spawn_template", "limits", "tries"}
+        "sandbox", "display", "hosts", "wire", "spawn_template", "limits", "tries",
+        "compare", "stops", "reports", "sessions", "hostlaunch"}
 OLD_KINDS = re.compile(r"^(checks_\w+|\w+_probe|\w+_bench|\w+_experiments?)$")
 DOTTED = re.compile(r"exercise_utils(?:\.\w+)+")
 

@@ -44,7 +44,8 @@ import math
 import numpy as np
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, check, run_ranks, wire_outside
+from ..harness import HANG_AFTER, check, run_ranks, wire_outside
+from ..compare import assert_close
 from . import nets, references, shards
 from .checks_zero3 import check_state_dict, check_zero3  # noqa: F401 - the CHECK cells' import
 from .wire import zero2_runs, zero2_wire_envelope

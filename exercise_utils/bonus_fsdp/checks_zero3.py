@@ -6,7 +6,8 @@ Used in 09_bonus_fsdp.
 import numpy as np
 
 from ..contract import fail
-from ..harness import assert_close, check, wire_outside
+from ..harness import check, wire_outside
+from ..compare import assert_close
 from . import nets, references
 from .launches import (ATOL, FIXED, FP32, RTOL, SHARDED, SLACK, TIGHT, kb, kinds, links_of,
                        salts_of, stage_results, padded)

@@ -83,7 +83,7 @@ def run_job(path, folder, name, nproc, args, phases, restarts=0, timeout=60, sim
         partial: called with the :class:`Job` of a failed run before its failure is reported.
         snapshot: the snapshot's path (default: a new one in ``folder``).
     """
-    from .. import harness, heartbeat, launch, sandbox
+    from .. import heartbeat, launch, limits, sandbox, sessions, stops
     records = Path(folder) / f"records_{name}"
     records.mkdir()
     probes.beat_folder(records).mkdir()
@@ -103,16 +103,16 @@ def run_job(path, folder, name, nproc, args, phases, restarts=0, timeout=60, sim
     def given(output):                      # (the copy's path read as the one the check got)
         return (output or "").replace(str(student), str(path))
     try:
-        watch = heartbeat.Watch(probes.beat_folder(records), nproc, harness.hang_time(timeout))
+        watch = heartbeat.Watch(probes.beat_folder(records), nproc, stops.hang_time(timeout))
         line = ["--nproc", str(nproc), "--max-restarts", str(restarts), *argv]
-        cmd = (harness.module_command(agent.__name__, line, [*agent.PRELOAD, agent.__name__])
+        cmd = (sessions.module_command(agent.__name__, line, [*agent.PRELOAD, agent.__name__])
                or [sys.executable, "-P", "-m", agent.__name__, *line])
-        limit, cut = harness.launch_limit(LIMIT, f"job {name}", phases["other"])
+        limit, cut = stops.launch_limit(LIMIT, f"job {name}", phases["other"])
         result = launch.run(cmd, nprocs=nproc, timeout=limit,
                             watch=watch, echo=False, what=f"your trainer's job {name}",
                             cwd=cwd, writable=[folder], env={"PYTHONPATH": os.pathsep.join(
                                 filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
-                            output_limit=harness._output_limit())
+                            output_limit=stops.output_limit())
     except launch.LaunchLimit as err:
         _failed(job, given(err.output), partial, path)
         raise CheckFailure(f"job {name}: {err.line}", phases["other"]) from None
@@ -127,7 +127,7 @@ def run_job(path, folder, name, nproc, args, phases, restarts=0, timeout=60, sim
     except launch.LaunchTimeout as err:
         _failed(job, given(err.output), partial, path)
         if cut:
-            raise CheckFailure(f"{harness._out_of_time(f'job {name}', harness.limits.current())}"
+            raise CheckFailure(f"{stops.out_of_time(f'job {name}', limits.current())}"
                                f" an endless loop? {err}", phases["other"]) from None
         raise CheckFailure(f"job {name}: still running after {LIMIT} s although it kept making "
                            f"progress (an endless loop?): {err}", phases["other"]) from None

@@ -22,7 +22,8 @@ Used in 01_mpi_parallel_sgd.
 import numpy as np
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, check, held_by, run_ranks, state_arrays
+from ..harness import HANG_AFTER, check, run_ranks
+from ..compare import assert_close, held_by, state_arrays
 from ..integrity import VIOLATION
 from . import probes, wire
 from .checks_convergence import check_convergence, reference_converged  # noqa: F401

@@ -8,7 +8,8 @@ Used in 01_mpi_parallel_sgd.
 import numpy as np
 
 from ..contract import fail
-from ..harness import HANG_AFTER, check, likely_cause, run_ranks
+from ..harness import HANG_AFTER, check, run_ranks
+from ..compare import likely_cause
 from . import probes
 from .inputs import GLOBAL, global_inputs
 from .probes import converged_cases

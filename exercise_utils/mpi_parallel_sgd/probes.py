@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..harness import state_arrays
+from ..compare import state_arrays
 from .inputs import (GLOBAL, HIDDEN, LOCAL_BATCH, SGD_STEPS, average_model, bcast_model,
                      edge_model, global_inputs, hidden_of, scatter_data, sgd_batches)
 

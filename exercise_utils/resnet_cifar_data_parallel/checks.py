@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from ..contract import CheckFailure, fail
-from ..harness import HANG_AFTER, assert_close, check, run_ranks
+from ..harness import HANG_AFTER, check, run_ranks
+from ..compare import assert_close
 from . import probes, runner, tricks
 from .checks_rank import check_rank_process, distinct_ports  # noqa: F401 - the CHECK cell's
 from .probes import CONFIG, LAUNCH, ORIGINAL, TRAIN_RUNS, params

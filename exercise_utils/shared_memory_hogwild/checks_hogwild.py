@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, check, run_ranks, state_arrays
+from ..harness import HANG_AFTER, check, run_ranks
+from ..compare import assert_close, state_arrays
 from . import probes
 from .probes import (BATCH, EPOCHS, KILL_WORKERS, LR, N_SAMPLES, SEED,
                      SERIAL_CASES, WORKERS, make_model, task_data)

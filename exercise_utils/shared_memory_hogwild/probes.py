@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..harness import state_arrays
+from ..compare import state_arrays
 from ..models import EdgeNet, TinyMLP
 from . import recorders
 from .recorders import ConcurrencyWatch, Gate, GatedMLP, RecordingDataset, StartJoinCounter

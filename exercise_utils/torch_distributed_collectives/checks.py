@@ -20,7 +20,8 @@ import math
 import numpy as np
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, check, observing, run_ranks
+from ..harness import HANG_AFTER, check, observing, run_ranks
+from ..compare import assert_close
 from . import probes
 from .checks_batchnorm import check_sync_batchnorm  # noqa: F401 - the CHECK cell imports it here
 from .probes import (AVG_GROUP_SPLIT, AVG_GROUPS, LABEL_CASES, PARTITIONER_CASES, avg_batches,

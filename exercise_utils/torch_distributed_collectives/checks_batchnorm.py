@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from ..contract import fail
-from ..harness import HANG_AFTER, assert_close, check, observing, run_ranks
+from ..harness import HANG_AFTER, check, observing, run_ranks
+from ..compare import assert_close
 from . import probes_batchnorm
 from .probes_batchnorm import BN_STEPS, bn_cases, bn_data, bn_layer, bn_rows, bn_run
 from .wire import check_bn_wire

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..harness import state_arrays
+from ..compare import state_arrays
 from ..models import BranchNet, EdgeNet, FrozenTiedNet
 from ..rankworker import salted_generator
 
