@@ -8,6 +8,7 @@ Used in 01_mpi_parallel_sgd and later notebooks.
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -201,24 +202,77 @@ def _interactive():
         return False
 
 
+def script_parser(description, work, out, ints):
+    """The command line of a launched benchmark (an ``argparse.ArgumentParser``, for more
+    options and ``parse_args``): ``--work`` (the student's file, default ``work``), ``--out``
+    (default ``out``) and an integer option ``--<name>`` per item of ``ints`` (``{name:
+    default}``: the script's module constants). Used by the benchmarks of 06, 07, 09 and 10
+    and 10's network sweep."""
+    import argparse
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--work", default=work, help="the student's file")
+    p.add_argument("--out", default=out)
+    for name, value in ints.items():
+        p.add_argument(f"--{name}", type=int, default=value)
+    return p
+
+
+def save_rows(rows, args, start, **more):
+    """Write ``{"config", "rows"}`` to ``args.out``: a launched benchmark's rows, its config
+    being its settings (``args``), ``more`` and ``seconds`` since ``start`` (its
+    ``time.perf_counter()`` at the beginning). Called on rank 0 only."""
+    config = dict(vars(args), **more, seconds=time.perf_counter() - start)
+    save_json(args.out, {"config": config, "rows": rows})
+
+
 def gather_rows(rows, args, world, start):
-    """Every rank's rows to rank 0, which writes ``{"config", "rows"}`` to ``args.out`` (a
-    launched benchmark's last step; ``start``: its ``time.perf_counter()`` at the beginning).
-    Used by the torchrun benchmarks of 07_bonus_zero_sharding and 09_bonus_fsdp."""
+    """Every rank's rows to rank 0, which writes them (:func:`save_rows`, with ``world_size``);
+    a launched benchmark's last step. Used by the torchrun benchmarks of
+    07_bonus_zero_sharding, 09_bonus_fsdp and 10_bonus_model_parallel."""
     import torch.distributed as dist
     gathered = [None] * world
     dist.all_gather_object(gathered, rows)
     if dist.get_rank() == 0:
-        rows = [r for per_rank in gathered for r in per_rank]
-        config = dict(vars(args), world_size=world, seconds=time.perf_counter() - start)
-        save_json(args.out, {"config": config, "rows": rows})
+        save_rows([r for per_rank in gathered for r in per_rank], args, start, world_size=world)
+
+
+def rank_rows(benchmark, args, pg_timeout):
+    """Every rank of a torchrun benchmark whose rank 0 writes its own rows only: in the job's
+    gloo group (:func:`exercise_utils.rankworker.gloo_group`, ``pg_timeout`` seconds,
+    ``args.threads`` threads), ``rows = benchmark(student, args, rank, world)`` on the
+    student's module loaded from ``args.work``; rank 0 writes them (:func:`save_rows`).
+    Returns ``(rank, rows)``. Used by the benchmarks of 06_build_your_own_ddp and
+    10_bonus_model_parallel (its network sweep)."""
+    from .rankworker import gloo_group, load_student
+    with gloo_group(pg_timeout, args.threads) as (rank, world):
+        start = time.perf_counter()
+        rows = benchmark(load_student(args.work), args, rank, world)
+        if rank == 0:
+            save_rows(rows, args, start)
+    return rank, rows
+
+
+def exit_without_teardown(code=0):
+    """End a launched rank whose work is done and written: flush its output, then leave at once
+    (``os._exit``) without the interpreter's teardown. There a C++ thread torch still holds
+    (gloo's, the DataLoader's, FSDP2's, ZeroRedundancyOptimizer's, a pipelining schedule's)
+    can end the rank with "terminate called without an active exception" (SIGABRT: once in
+    09's benchmark, once in a CI-like run of 04's trainer, 2 of 10 two-node jobs of 05's
+    hello on a loaded 2-core machine), which its launcher reports as a failed rank. Used by
+    the benchmarks of 07, 09 and 10, 10's network sweep, 04's spawned ranks (``runner``) and
+    the workers 05's checks fork (``agent``)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def torchrun_rows(module, world_sizes, out, args, timeout, echo=True, threads=1, env=None):
     """Launch ``python -m module`` under torchrun once per world size (``args`` then
     ``--threads`` and ``--out`` a part file per launch), collect every launch's rows and write
     them all to ``out``; return them, each with its launch's load record (:func:`record_load`).
-    Used by :func:`gather_rows`'s benchmarks."""
+    ``threads``: torch threads per rank; ``env``: more environment of the launches; ``echo``:
+    print their output live; ``timeout``: seconds before a launch is killed.
+    Used by :func:`gather_rows`'s benchmarks (their ``run``)."""
     from . import launch
     from .display import runs
     out, rows = Path(out), []

@@ -22,11 +22,11 @@ Used in 09_bonus_fsdp (:func:`run`, :func:`table`, :func:`plot`, :func:`model_mb
 """
 import argparse
 import gc
-import os
 import sys
 import time
 import warnings
 
+from ..bench import exit_without_teardown, script_parser
 from ..config import quick
 
 WIDTH = quick(768, 256)         # hidden features: 3.55M parameters (13.5 MiB) in full mode
@@ -42,13 +42,11 @@ MB = 2 ** 20
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="memory and step time: DDP, ZeRO-1/2/3, FSDP2")
-    p.add_argument("--work", default="work/09_fsdp.py", help="the student's file")
-    p.add_argument("--out", default="results/09_fsdp_bench_2.json")
-    for name, value in (("width", WIDTH), ("depth", DEPTH), ("batch", BATCH),
-                        ("steps", STEPS), ("threads", THREADS)):
-        p.add_argument(f"--{name}", type=int, default=value)
-    return p.parse_args(argv)
+    """Command-line settings of the launched script (defaults: the module constants)."""
+    return script_parser("memory and step time: DDP, ZeRO-1/2/3, FSDP2", "work/09_fsdp.py",
+                         "results/09_fsdp_bench_2.json",
+                         {"width": WIDTH, "depth": DEPTH, "batch": BATCH, "steps": STEPS,
+                          "threads": THREADS}).parse_args(argv)
 
 
 def build_model(width, depth):
@@ -185,15 +183,10 @@ def main(argv=None):
 
 def run(work="work/09_fsdp.py", out="results/09_fsdp_bench.json", world_sizes=WORLD_SIZES,
         extra=(), echo=True, timeout=TIMEOUT):
-    """Launch the benchmark on each of ``world_sizes`` gloo ranks; return all rows.
-
-    Args:
-        work: the student's file; out: the JSON file of all the rows, written at the end.
-        world_sizes: one torchrun launch each; extra: more script options (``--width``).
-        echo: print the output live; timeout: seconds before a launch is killed.
-    Returns:
-        list[dict]: variant, world_size, rank, state_mb, peak_mb, step_ms, loss, param_mb.
-    """
+    """Launch the benchmark on the student's ``work``, once per world size (gloo ranks;
+    ``extra``: more script options, e.g. ``--width``), and return all the rows (also written to
+    ``out``): variant, world_size, rank, state_mb, peak_mb, step_ms, loss, param_mb.
+    :func:`exercise_utils.bench.torchrun_rows` says the rest of the arguments."""
     from ..bench import torchrun_rows
     return torchrun_rows(__name__, world_sizes, out, ["--work", work, *extra], timeout, echo,
                          THREADS, env=None)
@@ -265,9 +258,4 @@ def plot(rows, path="results/09_fsdp_bench.png"):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-    # The group is destroyed and the rows written: leave without the interpreter's teardown,
-    # where a thread torch still holds (gloo, FSDP2, ZeroRedundancyOptimizer) can end the rank
-    # with "terminate called without an active exception" (SIGABRT; seen once in 09's bench).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()    # the group is destroyed, the rows written

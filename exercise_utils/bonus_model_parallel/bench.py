@@ -27,12 +27,11 @@ Rows (flat dicts, ``part`` says which), per launch of p ranks:
 Rank 0 writes JSON. Used in 10_bonus_model_parallel (:func:`run`, :func:`summary`,
 :func:`table`, :func:`plot`).
 """
-import argparse
-import os
 import statistics
 import sys
 import time
 
+from ..bench import exit_without_teardown, script_parser
 from ..config import quick
 
 WORLD_SIZES = quick((2, 3), (2,))         # gloo ranks (= pipeline stages) of run()'s launches
@@ -54,16 +53,14 @@ TIMEOUT = quick(150, 100)  # seconds before a launch is declared hung and killed
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="pipeline bubble and memory; TP and PP vs torch")
-    p.add_argument("--work", default="work/10_model_parallel.py", help="the student's file")
-    p.add_argument("--out", default="results/10_model_parallel_bench_2.json")
+    """Command-line settings of the launched script (defaults: the module constants)."""
+    p = script_parser("pipeline bubble and memory; TP and PP vs torch",
+                      "work/10_model_parallel.py", "results/10_model_parallel_bench_2.json",
+                      {"reps": REPS, "mem-microbatches": MEM_MICROBATCHES, "tp-width": TP_WIDTH,
+                       "pp-width": PP_WIDTH, "pp-batch": PP_BATCH,
+                       "pp-microbatches": PP_MICROBATCHES, "iters": ITERS, "threads": THREADS})
     p.add_argument("--t-f-ms", type=float, default=T_F_MS)
     p.add_argument("--microbatches", type=int, nargs="+", default=list(MICROBATCHES))
-    for name, value in (("reps", REPS), ("mem-microbatches", MEM_MICROBATCHES),
-                        ("tp-width", TP_WIDTH), ("pp-width", PP_WIDTH), ("pp-batch", PP_BATCH),
-                        ("pp-microbatches", PP_MICROBATCHES), ("iters", ITERS),
-                        ("threads", THREADS)):
-        p.add_argument(f"--{name}", type=int, default=value)
     return p.parse_args(argv)
 
 
@@ -160,15 +157,10 @@ def main(argv=None):
 
 def run(work="work/10_model_parallel.py", out="results/10_model_parallel_bench.json",
         world_sizes=WORLD_SIZES, extra=(), echo=True, timeout=TIMEOUT):
-    """Launch the benchmark on each of ``world_sizes`` gloo ranks; return all rows.
-
-    Args:
-        work: the student's file; out: the JSON file of all the rows, written at the end.
-        world_sizes: one torchrun launch each; extra: more script options (``--reps``).
-        echo: print the output live; timeout: seconds before a launch is killed.
-    Returns:
-        list[dict]: flat rows, ``part`` "bubble", "memory" or "library" (see the docstring).
-    """
+    """Launch the benchmark on the student's ``work``, once per world size (gloo ranks;
+    ``extra``: more script options, e.g. ``--reps``), and return all the rows (also written to
+    ``out``): flat rows, ``part`` "bubble", "memory" or "library" (see the module docstring).
+    :func:`exercise_utils.bench.torchrun_rows` says the rest of the arguments."""
     from ..bench import torchrun_rows
     return torchrun_rows(__name__, world_sizes, out, ["--work", work, *extra], timeout, echo,
                          THREADS, env=None)
@@ -281,9 +273,4 @@ def plot(rows, path="results/10_model_parallel_bench.png"):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-    # The group is destroyed and the rows written: leave without the interpreter's teardown,
-    # where a thread torch still holds (gloo, the pipelining schedule) can end the rank with
-    # "terminate called without an active exception" (SIGABRT; seen once in 09's bench).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()    # the group is destroyed, the rows written

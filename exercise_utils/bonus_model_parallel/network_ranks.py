@@ -31,11 +31,12 @@ the two ranks' differences are summed: both directions of the link (the barriers
 bytes included). Time: each rank's ``perf_counter`` around the step alone, the slowest rank's.
 Rank 0 writes ``{"config", "rows"}``. Used in 10_bonus_model_parallel (through :mod:`.network`).
 """
-import argparse
 import os
 import statistics
 import sys
 import time
+
+from ..bench import exit_without_teardown, rank_rows, script_parser
 
 MODES = ("data", "tensor", "pipeline")
 LR = 0.01                   # plain SGD
@@ -45,14 +46,13 @@ PG_TIMEOUT_S = 120          # gloo timeout: a data step at 100 Mbit/s takes ~0.7
 def parse_args(argv=None):
     """Command-line settings (defaults: :mod:`.network`'s constants)."""
     from . import network
-    p = argparse.ArgumentParser(description="data / tensor / pipeline parallel on two hosts")
-    p.add_argument("--work", default="work/10_model_parallel.py", help="the student's file")
-    p.add_argument("--out", default="results/10_model_parallel_network_ranks.json")
-    for name, value in (("width", network.WIDTH), ("depth", network.DEPTH),
-                        ("tokens", network.TOKENS), ("microbatches", network.MICROBATCHES),
-                        ("warmup", network.WARMUP), ("steps", network.STEPS), ("threads", 1)):
-        p.add_argument(f"--{name}", type=int, default=value)
-    return p.parse_args(argv)
+    return script_parser("data / tensor / pipeline parallel on two hosts",
+                         "work/10_model_parallel.py",
+                         "results/10_model_parallel_network_ranks.json",
+                         {"width": network.WIDTH, "depth": network.DEPTH,
+                          "tokens": network.TOKENS, "microbatches": network.MICROBATCHES,
+                          "warmup": network.WARMUP, "steps": network.STEPS,
+                          "threads": 1}).parse_args(argv)
 
 
 def tx_bytes():
@@ -205,22 +205,11 @@ def benchmark(student, args, rank, world):
 
 
 def main(argv=None):
-    """Entry point of every rank started by torchrun (see the module docstring)."""
-    args = parse_args(argv)
-    from ..bench import save_json
-    from ..rankworker import gloo_group, load_student
-
-    with gloo_group(PG_TIMEOUT_S, args.threads) as (rank, world):
-        start = time.perf_counter()
-        rows = benchmark(load_student(args.work), args, rank, world)
-        if rank == 0:
-            config = dict(vars(args), seconds=time.perf_counter() - start)
-            save_json(args.out, {"config": config, "rows": rows})
+    """Entry point of every rank started by torchrun (see the module docstring): rank 0
+    writes the rows (:func:`exercise_utils.bench.rank_rows`)."""
+    rank_rows(benchmark, parse_args(argv), PG_TIMEOUT_S)
 
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-    # as bench.py: leave without the interpreter's teardown (gloo threads can SIGABRT there)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()    # the group is destroyed, the rows written

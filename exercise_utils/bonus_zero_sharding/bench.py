@@ -21,11 +21,11 @@ Rank 0 writes JSON. Used in 07_bonus_zero_sharding (:func:`run`, :func:`table`, 
 """
 import argparse
 import gc
-import os
 import sys
 import threading
 import time
 
+from ..bench import exit_without_teardown, script_parser
 from ..config import quick
 
 WIDTH = quick(1024, 128)        # hidden features (Linear width x width): 6.3M parameters, 25 MB
@@ -42,13 +42,10 @@ TIMEOUT = quick(90, 60)         # seconds before a launch is declared hung and k
 
 def parse_args(argv=None):
     """Command-line settings of the launched script (defaults: the module constants)."""
-    p = argparse.ArgumentParser(description="optimizer-state memory: AdamW vs ZeRO-1")
-    p.add_argument("--work", default="work/07_zero.py", help="the student's file")
-    p.add_argument("--out", default="results/07_zero_bench_2.json")
-    for name, value in (("width", WIDTH), ("depth", DEPTH), ("batch", BATCH),
-                        ("steps", STEPS), ("threads", THREADS)):
-        p.add_argument(f"--{name}", type=int, default=value)
-    return p.parse_args(argv)
+    return script_parser("optimizer-state memory: AdamW vs ZeRO-1", "work/07_zero.py",
+                         "results/07_zero_bench_2.json",
+                         {"width": WIDTH, "depth": DEPTH, "batch": BATCH, "steps": STEPS,
+                          "threads": THREADS}).parse_args(argv)
 
 
 def build_model(width, depth):
@@ -147,15 +144,10 @@ def main(argv=None):
 
 def run(work="work/07_zero.py", out="results/07_zero_bench.json", world_sizes=WORLD_SIZES,
         extra=(), echo=True, timeout=TIMEOUT):
-    """Launch the benchmark on each of ``world_sizes`` gloo ranks; return all rows.
-
-    Args:
-        work: the student's file; out: the JSON file of all the rows, written at the end.
-        world_sizes: one torchrun launch each; extra: more script options (``--width``).
-        echo: print the output live; timeout: seconds before a launch is killed.
-    Returns:
-        list[dict]: variant, world_size, rank, state_mb, rss_mb, param_mb, param_diff.
-    """
+    """Launch the benchmark on the student's ``work``, once per world size (gloo ranks;
+    ``extra``: more script options, e.g. ``--width``), and return all the rows (also written to
+    ``out``): variant, world_size, rank, state_mb, rss_mb, param_mb, param_diff.
+    :func:`exercise_utils.bench.torchrun_rows` says the rest of the arguments."""
     from ..bench import torchrun_rows
     return torchrun_rows(__name__, world_sizes, out, ["--work", work, *extra], timeout, echo,
                          THREADS, env=MALLOC_ENV)
@@ -219,9 +211,4 @@ def plot(rows, path="results/07_zero_bench.png"):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-    # The group is destroyed and the rows written: leave without the interpreter's teardown,
-    # where a thread torch still holds (gloo, FSDP2, ZeroRedundancyOptimizer) can end the rank
-    # with "terminate called without an active exception" (SIGABRT; seen once in 09's bench).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()    # the group is destroyed, the rows written

@@ -19,14 +19,13 @@ compute does not explain (communication not hidden, copies, waits). Sanity: ``ra
 (largest parameter difference between the ranks), ``torch_diff`` (from ``torch default``).
 Rank 0 writes JSON. Used in 06_build_your_own_ddp (:func:`run`, :func:`table`, :func:`plot`).
 """
-import argparse
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from ..bench import OtherLoad, pyplot, record_load, save_figure
+from ..bench import OtherLoad, pyplot, rank_rows, record_load, save_figure, script_parser
 from ..config import quick
 
 WIDTH = quick(512, 64)          # features of each hidden layer (Linear width x width)
@@ -45,14 +44,11 @@ REFERENCE = "torch default"     # the variant ratios are taken to
 
 def parse_args(argv=None):
     """Command-line settings of the launched script (defaults: the module constants)."""
-    p = argparse.ArgumentParser(description="naive / flat / overlap / buckets vs torch DDP")
-    p.add_argument("--work", default="work/06_myddp.py", help="the student's file")
-    p.add_argument("--out", default="results/06_ddp_bench.json")
+    p = script_parser("naive / flat / overlap / buckets vs torch DDP", "work/06_myddp.py",
+                      "results/06_ddp_bench.json",
+                      {"width": WIDTH, "depth": DEPTH, "batch": BATCH, "warmup": WARMUP,
+                       "repeats": REPEATS, "comm-repeats": COMM_REPEATS, "threads": THREADS})
     p.add_argument("--caps", type=float, nargs="+", default=list(CAPS))
-    for name, value in (("width", WIDTH), ("depth", DEPTH), ("batch", BATCH), ("warmup", WARMUP),
-                        ("repeats", REPEATS), ("comm-repeats", COMM_REPEATS),
-                        ("threads", THREADS)):
-        p.add_argument(f"--{name}", type=int, default=value)
     return p.parse_args(argv)
 
 
@@ -193,18 +189,11 @@ def benchmark(ddp, args, rank, world):
 
 
 def main(argv=None):
-    """Entry point of every rank started by torchrun (see the module docstring)."""
-    args = parse_args(argv)
-    from ..bench import save_json
-    from ..rankworker import gloo_group, load_student
-
-    with gloo_group(PG_TIMEOUT_S, args.threads) as (rank, world):
-        start = time.perf_counter()
-        rows = benchmark(load_student(args.work), args, rank, world)
-        if rank == 0:
-            config = dict(vars(args), seconds=time.perf_counter() - start)
-            save_json(args.out, {"config": config, "rows": rows})
-            print(table(rows), flush=True)
+    """Entry point of every rank started by torchrun (see the module docstring): rank 0
+    writes the rows (:func:`exercise_utils.bench.rank_rows`) and prints their table."""
+    rank, rows = rank_rows(benchmark, parse_args(argv), PG_TIMEOUT_S)
+    if rank == 0:
+        print(table(rows), flush=True)
 
 
 def run(work="work/06_myddp.py", out="results/06_ddp_bench.json", extra=(), echo=True,

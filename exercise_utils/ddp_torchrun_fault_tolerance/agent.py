@@ -44,6 +44,7 @@ class _Prefixed:
 
 def _worker(rank, nproc, attempt, restarts, port, argv):
     """In the forked child: torchrun's environment, then the checked worker; never returns."""
+    from ..bench import exit_without_teardown
     from . import probes
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
                       LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", GROUP_WORLD_SIZE="1",
@@ -60,9 +61,7 @@ def _worker(rank, nproc, attempt, restarts, port, argv):
     except BaseException:  # noqa: BLE001 - the worker's error, as torchrun's workers print it
         traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_without_teardown(code)
 
 
 def _describe(code):

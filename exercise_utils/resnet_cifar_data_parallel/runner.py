@@ -20,9 +20,9 @@ import contextlib
 import dataclasses
 import json
 import os
-import sys
 from pathlib import Path
 
+from ..bench import exit_without_teardown
 from ..config import quick
 
 
@@ -182,13 +182,7 @@ def _run_rank(rank, rank_process, world_size, config, results):
         record = dict(summary=out, config=dataclasses.asdict(config))
         Path(results).parent.mkdir(parents=True, exist_ok=True)
         Path(results).write_text(json.dumps(record, indent=1))
-    # The rank's work is done and written: leave without the interpreter's teardown, where a
-    # C++ thread torch left behind (gloo's, the DataLoader's) can abort the process
-    # ("terminate called without an active exception", SIGABRT: once in a CI-like run, after
-    # both epochs had finished), which mp.spawn reports as a failed rank.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()    # the rank's work is done and written
 
 
 def main(rank_process, argv=None):
