@@ -2,7 +2,8 @@
 
 The shared core, which every notebook uses:
 ``config`` (quick mode), ``data`` (datasets), ``models`` (the course's networks),
-``launch`` and ``launch_many`` (run distributed programs with live output and a hard timeout),
+``launch`` and ``launch_many`` (run distributed programs with live output and a hard timeout;
+``outcomes``: how a launch ended; ``ports``: free ports; ``commands``: the command lines it runs),
 ``processes`` (find and stop everything a launch started), ``harness`` and ``rankworker``
 (run a checker's probe against a student file in fresh processes), ``sessions`` (a check's
 session, its zygote and the ``@check`` decorator), ``hostlaunch`` (a check's launch on hosts of

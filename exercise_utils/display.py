@@ -23,6 +23,7 @@ import time
 import traceback
 
 from .contract import CheckFailure
+from .outcomes import LaunchError
 
 FIRST_SCREEN = 12        # lines of a failure's first screen, title and error line included
 WIDTH = 100              # characters a line is wrapped at
@@ -128,7 +129,6 @@ class Failure:
     """
 
     def __init__(self, err, tb=None):
-        from .launch import LaunchError
         if isinstance(err, LaunchError):
             self._launch(err, tb)
             return
@@ -239,7 +239,6 @@ def _ours(value, tb):
     always; in a student's kernel (:func:`live`), also code not written yet, a name an earlier
     cell sets, and what a cell needs first (:meth:`Failure._plain`); any other error keeps
     IPython's traceback."""
-    from .launch import LaunchError
     if isinstance(value, (CheckFailure, LaunchError)):
         return True
     if live() != "kernel":
@@ -283,7 +282,6 @@ def install():
     shell = get_ipython()
     if shell is None:
         return False
-    from .launch import LaunchError
     from .notebook_files import part_magic
     shell.set_custom_exc((CheckFailure, LaunchError, NotReady, NotImplementedError, NameError),
                          show_failure)

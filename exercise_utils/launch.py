@@ -6,182 +6,39 @@ ends (success, failure, timeout or Ctrl-C) every process still carrying the tag 
 killed, including workers that ``mpiexec`` or ``torchrun`` started in new sessions
 (:mod:`exercise_utils.processes`).
 
+Owns: :func:`run` (one command: live output, a hard timeout, every process it started killed
+at its end), :func:`python`, :func:`mpiexec`, :func:`torchrun`, :class:`AgentReport`. Its
+callers also take from here what its homes define: the errors and :class:`RunResult`
+(:mod:`.outcomes`), :func:`free_port` (:mod:`.ports`), :func:`find_executable`,
+:func:`agent_command` and the zygote's commands (:mod:`.commands`).
+
 Used in every notebook (01_mpi_parallel_sgd onwards) and by the checker harness; several
 commands at once (a multi-node job's agents): :mod:`exercise_utils.launch_many`.
 """
 import os
 import re
-import secrets
 import selectors
 import shlex
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
-from dataclasses import dataclass, field
 
 import psutil
 
 from . import display, sandbox
+from .commands import FRESH_STORE_ENV, agent_command, find_executable, forked  # noqa: F401
+from .outcomes import (HANG_HINT, LaunchError, LaunchHang, LaunchLimit,  # noqa: F401
+                       LaunchOutput, LaunchTimeout, RunResult, signal_name, tail)
+from .ports import free_port  # (re-exported, as are agent_command and the errors: launch's API)
 from .processes import TAG, cleanup, die_with_parent, remember_children
-HANG_HINT = ("A distributed program that hangs is almost always waiting in a collective "
-             "(Bcast, Allreduce, barrier, ...) that another rank never called, or called "
-             "in a different order or with a different size.")
-
-
-class LaunchError(RuntimeError):
-    """A launched command failed. Attributes: cmd, returncode, output."""
-
-    def __init__(self, message, cmd=None, returncode=None, output=""):
-        super().__init__(message)
-        self.cmd, self.returncode, self.output = cmd, returncode, output
-
-
-class LaunchTimeout(LaunchError):
-    """A launched command did not finish in time and was killed with all its processes."""
-
-
-class LaunchHang(LaunchTimeout):
-    """A launch's ``watch`` saw every process stop making progress; all were killed.
-    Attribute ``report``: what the watch saw (see :class:`exercise_utils.heartbeat.Watch`)."""
-
-    def __init__(self, message, cmd=None, output="", report=None):
-        super().__init__(message, cmd, None, output)
-        self.report = report
-
-
-class LaunchLimit(LaunchError):
-    """A limit at grading was hit (:mod:`.limits`): the watch said so (``("limit", line)``),
-    or the launch printed more than its output limit; all its processes were killed.
-    Attribute ``line``: the verdict, one line."""
-
-    def __init__(self, message, cmd=None, output="", line=""):
-        super().__init__(message, cmd, None, output)
-        self.line = line
-
-
-class LaunchOutput(LaunchLimit):
-    """The launch printed more than its output limit (attribute ``limit``, bytes)."""
-
-    def __init__(self, message, cmd=None, output="", limit=0, line=""):
-        super().__init__(message, cmd, output, line)
-        self.limit = limit
 
 
 KEEP_LINES = 20000     # lines of a launch's output kept (its first and last ones): memory bound
 
 
-@dataclass
-class RunResult:
-    """What a finished launch returns: the command, its exit code, output and duration."""
-    cmd: list
-    returncode: int
-    output: str
-    seconds: float
-    killed: list = field(default_factory=list)
-
-    def __repr__(self):
-        """One line (a notebook cell ending in a launch shows it after the live output, which
-        it would otherwise repeat as one escaped string): ``result.output`` holds the text."""
-        lines = len(self.output.splitlines())
-        return (f"<RunResult: exit code {self.returncode} after {self.seconds:.1f} s, "
-                f"{lines} line{'s' * (lines != 1)} of output in .output>")
-
-
-PORTS = Path(tempfile.gettempdir()) / "dtfs-ports"   # ports handed out lately, one file each
-PORT_HOLD = 300                                       # seconds a handed-out port stays reserved
-# Workers of a restarted attempt (--max-restarts) otherwise share the agent's store with the dead
-# attempt's keys and can read a dead worker's address: measured on torch 2.14, 2 of 3 restarts
-# failed or hung with the shared store, 0 of 3 with a fresh store each. Every torchrun agent gets it.
-FRESH_STORE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-
-
-def free_port():
-    """Return a TCP port on 127.0.0.1 that is free right now and was not handed out by this
-    function, in any process, in the last :data:`PORT_HOLD` seconds.
-
-    The kernel's free port is only free until someone binds it: launches running side by side
-    (pytest workers, ``course.py autograde --jobs N``) could be given the same one before
-    either binds it. A marker file per port, created exclusively, settles who owns it. And the
-    port is drawn below the kernel's ephemeral range, which it hands to outgoing connections
-    (gloo's, the stores'): none of those can take it before the launched job binds it.
-
-    Returns:
-        int: the port number.
-    """
-    PORTS.mkdir(exist_ok=True)
-    now = time.time()
-    for _ in range(100):
-        port = _candidate_port()
-        if port is None:
-            continue
-        marker = PORTS / str(port)
-        try:
-            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            break
-        except FileExistsError:
-            _expire(marker, now)
-    if sum(1 for _ in zip(range(1000), PORTS.iterdir())) >= 1000:
-        for old in list(PORTS.iterdir()):
-            _expire(old, now)
-    return port
-
-
-def _candidate_port():
-    """A port free right now: below the ephemeral range when the kernel says where it starts
-    (Linux: 32768), else one the kernel picks. None when the drawn port is taken."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 0
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        if low <= 12000:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-        port = low - 10000 + secrets.randbelow(10000)   # not random: a seeded state repeats
-        try:
-            s.bind(("", port))              # every interface, as a store binds it
-        except OSError:
-            return None
-        return port
-
-
-def _expire(marker, now):
-    try:
-        if now - marker.stat().st_mtime > PORT_HOLD:
-            marker.unlink()
-    except FileNotFoundError:
-        pass
-
-
-def find_executable(name):
-    """Find ``name`` next to this Python first (a venv's ``mpiexec``), then on PATH.
-
-    Raises:
-        FileNotFoundError: with instructions to install it.
-    """
-    here = os.path.dirname(sys.executable)
-    found = shutil.which(name, path=here + os.pathsep + os.environ.get("PATH", ""))
-    if found:
-        return found
-    hints = {"mpiexec": "pip install mpich mpi4py (or: conda install -c conda-forge mpich mpi4py); "
-                        "it must be in the same environment as this Python (" + sys.executable + ")",
-             "torchrun": "pip install torch in the environment of " + sys.executable}
-    raise FileNotFoundError(f"{name} not found next to {sys.executable} nor on PATH. "
-                            f"Install it: {hints.get(name, 'install it')}.")
-
-
 def _describe(cmd):
     return " ".join(shlex.quote(str(c)) for c in cmd)
-
-
-def _tail(lines, n=40):
-    return "\n".join(line if len(line) <= 1000 else line[:1000] + " [...]" for line in lines[-n:])
 
 
 class AgentReport:
@@ -373,27 +230,27 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
         raise LaunchTimeout(
             f"{what} did not finish within {timeout:g} s, so it was stopped and its "
             f"{len(killed)} process(es) were killed{why}\n--- last output ---\n"
-            f"{_tail(lines)}", cmd, None, output)
+            f"{tail(lines)}", cmd, None, output)
     if status == "output":
         from .limits import size, verdict
         raise LaunchOutput(
             f"{what} printed more than {size(output_limit)} of output, so it was stopped and "
             f"its {len(killed)} process(es) were killed.\n--- last output ---\n"
-            f"{_tail(lines)[-2000:]}", cmd, output, output_limit,
+            f"{tail(lines)[-2000:]}", cmd, output, output_limit,
             verdict(None, "output", output_limit))
     if isinstance(status, tuple) and status[0] == "limit":
         raise LaunchLimit(f"{what}: {status[1]}", cmd, output, status[1])
     if isinstance(status, tuple):
         raise LaunchHang(f"{what} stopped making progress after {seconds:.0f} s, so it was "
                          f"stopped and its {len(killed)} process(es) were killed.\n"
-                         f"--- last output ---\n{_tail(lines)}", cmd, output, status[1])
+                         f"--- last output ---\n{tail(lines)}", cmd, output, status[1])
     if status == "early":
         return RunResult(cmd, 0, output, seconds, killed)
     if proc.returncode != 0:
         raise LaunchError(
             f"{what} failed with exit code {proc.returncode} after {seconds:.1f} s"
-            f"{_signal_name(proc.returncode)}; its remaining processes were killed.\n"
-            f"--- last output ---\n{_tail(lines)}", cmd, proc.returncode, output)
+            f"{signal_name(proc.returncode)}; its remaining processes were killed.\n"
+            f"--- last output ---\n{tail(lines)}", cmd, proc.returncode, output)
     return RunResult(cmd, proc.returncode, output, seconds, killed)
 
 
@@ -411,12 +268,6 @@ def _launch_cgroup(nprocs):
         group.set(memory=nprocs * int(found["memory"]) + (1 << 30),
                   processes=nprocs * int(found["processes"]) + 64)
     return group
-
-
-def _signal_name(code):
-    if code is not None and code < 0:
-        return f" (killed by signal {signal.Signals(-code).name})"
-    return ""
 
 
 def python(script, args=(), **kwargs):
@@ -446,82 +297,6 @@ def mpiexec(script, n, args=(), module=False, label=True, **kwargs):
     kwargs.setdefault("what", f"`mpiexec -n {n} python {'-m ' if module else ''}{script}`")
     kwargs["env"] = {"PYTHONUNBUFFERED": "", **(kwargs.get("env") or {})}
     return run(cmd, nprocs=int(n), **kwargs)
-
-
-def agent_command(script, nnodes, nproc_per_node, endpoint, rdzv_id, args=(), module=False,
-                  max_restarts=0, python=None, extra=(), fork=False):
-    """One torchrun agent's command (a list), as run on each node of the job.
-
-    Args:
-        script: the training script (or module name with ``module=True``).
-        nnodes: number of nodes (agents) in the job.
-        nproc_per_node: workers this agent starts.
-        endpoint: ``HOST:PORT`` of the rendezvous (the same on every node).
-        rdzv_id: job id, the same on every node (separates jobs sharing an endpoint).
-        args: the script's arguments.
-        module: run ``script`` as ``python -m script`` (torchrun's ``-m``).
-        max_restarts: worker-group restarts before the agent gives up.
-        python: interpreter (default: this one, i.e. ``python -m torch.distributed.run``,
-            which is what the ``torchrun`` console script runs); ``"torchrun"`` writes
-            ``torchrun`` instead.
-        extra: more torchrun options (e.g. ``["--rdzv-conf=join_timeout=20"]``).
-        fork: the agent and its workers forked from a zygote of their own (:func:`forked`;
-            not with ``python``): what runs, not what a student would type.
-    Returns:
-        list[str].
-    """
-    options = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
-               f"--max-restarts={max_restarts}", *map(str, extra)]
-    if fork and python is None:
-        return forked(options, module, script, args)
-    head = (["torchrun"] if python == "torchrun"
-            else [python or sys.executable, "-m", "torch.distributed.run"])
-    return [*head, *options, *(["-m"] if module else []), str(script), *map(str, args)]
-
-
-ZYGOTE = ["-P", "-m", "exercise_utils.zygote"]
-# what every torchrun job's zygote imports once, before its agent and workers are forked
-TORCHRUN_PRELOAD = ("numpy", "torch", "torch.distributed", "torch.distributed.run")
-# imported by the first optimizer a process builds (~1.4 s of CPU): a zygote imports it once
-# for its children where they will build one (:func:`builds_optimizer`), not where they never do
-OPTIMIZER = "torch._dynamo"
-_OPTIM = re.compile(r"\boptim\b|torch\.optim|\.optim\b")
-
-
-def builds_optimizer(*paths):
-    """Whether code in one of these files (a script, a student's file, a probe's module and
-    its package's probes) mentions torch's optimizers, so that its processes will likely
-    build one. Unreadable paths count as no."""
-    for path in paths:
-        try:
-            if _OPTIM.search(Path(path).read_text(errors="replace")):
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def forked(options, module, script, args):
-    """``python -m torch.distributed.run OPTIONS [-m] SCRIPT ARGS`` as one process that
-    imports torch once (:data:`TORCHRUN_PRELOAD`) and forks the agent and every worker
-    (:mod:`exercise_utils.zygote`: ``--socket auto --no-hold``); it listens on an abstract
-    socket of its own network namespace (a job's sandbox, a host's: nothing on disk to leave
-    behind when a timeout kills it) and its stubs find it in the environment."""
-    source = script
-    if module:
-        import importlib.util
-        try:
-            source = importlib.util.find_spec(str(script)).origin
-        except (ImportError, AttributeError, ValueError):
-            source = None
-    preload = [*TORCHRUN_PRELOAD, *([OPTIMIZER] if source and builds_optimizer(source) else [])]
-    return [sys.executable, *ZYGOTE, "--socket", "auto", "--no-hold",
-            *[a for name in preload for a in ("--preload", name)], "--",
-            sys.executable, *ZYGOTE, "--stub", "auto", "--module", "torch.distributed.run",
-            "--", *map(str, options), "--no-python",
-            sys.executable, *ZYGOTE, "--stub", "auto", "--script",
-            "module" if module else "path", "--", str(script), *map(str, args)]
 
 
 def torchrun(script, nproc, args=(), nnodes=1, port=None, extra=(), fork=True, **kwargs):

@@ -14,8 +14,9 @@ import uuid
 import psutil
 
 from . import display
-from .launch import (HANG_HINT, LaunchError, LaunchTimeout, RunResult, _signal_name, _tail,
-                     core_share, free_port)
+from .launch import core_share
+from .outcomes import HANG_HINT, LaunchError, LaunchTimeout, RunResult, signal_name, tail
+from .ports import free_port
 from .processes import TAG, cleanup, die_with_parent, remember_children
 
 
@@ -119,14 +120,14 @@ def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo
         raise LaunchTimeout(
             f"{what} did not finish within {timeout:g} s ({', '.join(running)} still running), "
             f"so all were stopped and {len(killed)} process(es) killed. {HANG_HINT}\n"
-            f"--- last output ---\n{_tail(merged)}", cmds, None, output)
+            f"--- last output ---\n{tail(merged)}", cmds, None, output)
     if status == "failed":
         code = procs[failed].returncode
         raise LaunchError(
             f"{labels[failed]} failed with exit code {code} after "
-            f"{seconds:.1f} s{_signal_name(code)}, so all of {what} were stopped and "
+            f"{seconds:.1f} s{signal_name(code)}, so all of {what} were stopped and "
             f"{len(killed)} process(es) killed.\n--- last output of {labels[failed]} ---\n"
-            f"{_tail(lines[failed])}", cmds[failed], code, output)
+            f"{tail(lines[failed])}", cmds[failed], code, output)
     return [RunResult(cmd, p.returncode, "\n".join(out), seconds, killed)
             for cmd, p, out in zip(cmds, procs, lines)]
 

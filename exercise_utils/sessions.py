@@ -20,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-from . import launch, processes, sandbox, stops
+from . import commands, processes, sandbox, stops
 from .contract import CheckFailure
 from .processes import TAG, kill_processes, tagged_processes
 
@@ -113,7 +113,7 @@ def zygote_socket():
         state["errors"] = str(errors)
         with open(errors, "wb") as err:
             state["proc"] = proc = subprocess.Popen(
-                sandbox.wrap([sys.executable, *launch.ZYGOTE, "--socket",
+                sandbox.wrap([sys.executable, *commands.ZYGOTE, "--socket",
                               str(sock)], writable=[state["tmp"]], cwd=state["tmp"]),
                 env=env, stdin=subprocess.DEVNULL, stderr=err, start_new_session=True)
         while not sock.exists():
@@ -184,7 +184,7 @@ def session_command(worker_args, world_size):
         preload = ["torch", "torch.distributed",
                    *optimizer(Path(opts["--student"]), module, "--warm-up" in worker_args),
                    *preload]
-    return [sys.executable, *launch.ZYGOTE, "--stub", zygote_socket(), "--spawn",
+    return [sys.executable, *commands.ZYGOTE, "--stub", zygote_socket(), "--spawn",
             *[a for name in preload for a in ("--preload", name)], "--", "--spawn",
             str(world_size), *worker_args]
 
@@ -200,7 +200,7 @@ def module_command(module, args, preload=()):
         sock = zygote_socket()
     except ZygoteFailed:
         return None
-    return [sys.executable, *launch.ZYGOTE, "--stub", sock, "--module",
+    return [sys.executable, *commands.ZYGOTE, "--stub", sock, "--module",
             module, *[a for name in preload for a in ("--preload", name)], "--", *args]
 
 
@@ -213,23 +213,23 @@ def zygote_command(worker_args, world_size):
     if needs_torch(Path(opts["--student"]), probe_module, probe):
         preload = ["torch", "torch.distributed", *preload]
     socket = str(Path(opts["--out"]).parent / "zygote.sock")
-    return [sys.executable, *launch.ZYGOTE, "--socket", socket,
+    return [sys.executable, *commands.ZYGOTE, "--socket", socket,
             *[a for name in preload for a in ("--preload", name)], "--",
-            launch.find_executable("mpiexec"), "-n", str(world_size), sys.executable, "-P",
+            commands.find_executable("mpiexec"), "-n", str(world_size), sys.executable, "-P",
             "-m", "exercise_utils.zygote", "--stub", socket, "--", *worker_args]
 
 
 def optimizer(student, module, warm_up=False):
-    """``[launch.OPTIMIZER]`` where the ranks will build a torch optimizer (``warm_up``) or
+    """``[commands.OPTIMIZER]`` where the ranks will build a torch optimizer (``warm_up``) or
     likely will (the student's file or the probe's package's probes mention one): the zygote
     imports ``torch._dynamo`` once instead of every such rank; else ``[]``."""
     if warm_up:
-        return [launch.OPTIMIZER]
+        return [commands.OPTIMIZER]
     import importlib.util
     spec = importlib.util.find_spec(module)
     folder = Path(spec.origin).parent if spec and spec.origin else None
     probes = [spec.origin, *folder.glob("probes*.py")] if folder else []
-    return [launch.OPTIMIZER] if launch.builds_optimizer(student, *probes) else []
+    return [commands.OPTIMIZER] if commands.builds_optimizer(student, *probes) else []
 
 
 def needs_torch(student, module, probe):

@@ -16,7 +16,8 @@ CORE = {"config", "data", "models", "launch", "launch_many", "processes", "harne
         "heartbeat", "integrity", "pgwatch", "recorder",
         "bench", "notebook_files", "linebuf", "cluster", "contract", "zygote", "plaindata",
         "sandbox", "display", "hosts", "wire", "spawn_template", "limits", "tries",
-        "compare", "stops", "reports", "sessions", "hostlaunch"}
+        "compare", "stops", "reports", "sessions", "hostlaunch",
+        "outcomes", "ports", "commands"}
 OLD_KINDS = re.compile(r"^(checks_\w+|\w+_probe|\w+_bench|\w+_experiments?)$")
 DOTTED = re.compile(r"exercise_utils(?:\.\w+)+")
 

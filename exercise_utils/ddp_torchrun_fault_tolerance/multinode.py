@@ -20,7 +20,7 @@ import sys
 import uuid
 
 from .. import launch, launch_many
-from ..launch import agent_command   # one torchrun agent's command (in the core: the cluster uses it too)
+from ..commands import agent_command   # one torchrun agent's command (in the core: the cluster uses it too)
 from ..config import quick
 
 TIMEOUT = quick(120, 60)   # seconds for a whole two-agent job (both agents together)

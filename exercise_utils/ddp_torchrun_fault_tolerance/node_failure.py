@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .. import display, launch
 from . import runner
-from ..launch import agent_command
+from ..commands import agent_command
 
 JOIN_TIMEOUT = 20      # seconds an agent waits at the rendezvous for the nodes it needs
 LAST_CALL = 3          # elastic: seconds to wait for more nodes once the minimum is there
