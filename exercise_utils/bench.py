@@ -274,7 +274,7 @@ def torchrun_rows(module, world_sizes, out, args, timeout, echo=True, threads=1,
     print their output live; ``timeout``: seconds before a launch is killed.
     Used by :func:`gather_rows`'s benchmarks (their ``run``)."""
     from . import launch
-    from .display import runs
+    from .progress import runs
     out, rows = Path(out), []
     for world in runs(world_sizes, f"{module.rsplit('.', 2)[-2]} benchmark"):
         part = out.with_name(f"{out.stem}_{world}{out.suffix}")

@@ -14,7 +14,6 @@ does, in a kernel); :func:`summary` is the one line of a check that passed.
 Used by every notebook (through :mod:`exercise_utils` and :func:`exercise_utils.harness.check`).
 """
 import html
-import json
 import os
 import re
 import sys
@@ -24,9 +23,9 @@ import traceback
 
 from .contract import CheckFailure
 from .outcomes import LaunchError
+from .progress import WIDTH, cell_finished, live, take_slot
 
 FIRST_SCREEN = 12        # lines of a failure's first screen, title and error line included
-WIDTH = 100              # characters a line is wrapped at
 
 
 def _lines(message):
@@ -260,7 +259,7 @@ def show_failure(shell, etype, value, tb, tb_offset=None):
         shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
         return None
     box = Failure(value, tb)
-    slot, _TOP[0] = _TOP[0], None
+    slot = take_slot()
     if slot is not None:
         slot.update(box)
     else:
@@ -288,35 +287,15 @@ def install():
     shell.register_magic_function(part_magic, "cell", "part")    # one file over several cells
     if _cell_started not in shell.events.callbacks["pre_run_cell"]:
         shell.events.register("pre_run_cell", _cell_started)
-        shell.events.register("post_run_cell", _cell_finished)
+        shell.events.register("post_run_cell", cell_finished)
     return True
 
 
-def top():
-    """In a Jupyter kernel (:func:`live`), the current cell's slot for a failure's box: an
-    empty display made at the first call in the cell (a launch, a bar of runs) that the
-    cell's failure fills (:func:`show_failure`), so that the box shows above what the
-    launches printed; elsewhere None."""
-    if _TOP[0] is None and live() == "kernel":
-        from IPython.display import display
-        _TOP[0] = display({"text/plain": ""}, raw=True, display_id=True)
-    return _TOP[0]
-
-
-_TOP = [None]       # the current cell's slot (see top)
 _CELL = [None]      # when the kernel's current cell started (time.monotonic), where known
 
 
 def _cell_started(*_):
     _CELL[0] = time.monotonic()
-
-
-def _cell_finished(*_):
-    """The bars of :func:`runs` the cell left open (it failed half-way) are closed: tqdm
-    shows an unfinished one as failed (red), not frozen; the cell's slot is forgotten."""
-    _TOP[0] = None
-    while _RUNS:
-        _RUNS.pop().close()
 
 
 def seconds_since(start):
@@ -335,53 +314,6 @@ def summary(name, launches, seconds):
              else f" with {sizes[0]} rank{'s' * (sizes[0] != 1)}" if sizes else "")
     runs = f"{len(launches)} launch{'es' * (len(launches) != 1)}" if launches else "no launch"
     return f"✓ {name}: all checks passed ({runs}{ranks}, {seconds:.1f} s)"
-
-
-def live(shell=None):
-    """Where progress can be shown: ``"kernel"`` (a Jupyter kernel, not nbgrader's
-    autograder), ``"tty"`` (a terminal on stderr) or None (pytest, a log file, nbgrader, or
-    ``DTFS_PROGRESS=0``)."""
-    if os.environ.get("DTFS_PROGRESS") == "0":
-        return None
-    if shell is None and "IPython" in sys.modules:
-        from IPython import get_ipython
-        shell = get_ipython()
-    if shell is not None and getattr(shell, "kernel", None) is not None:
-        return None if os.environ.get("NBGRADER_EXECUTION") else "kernel"
-    return "tty" if sys.stderr.isatty() else None
-
-
-MARK = "@dtfs-progress "     # a rank's progress line for its launcher's bar (:class:`Marks`)
-
-
-class Marks:
-    """In a rank (rank 0 of a training run): progress for the launcher's ``tqdm`` bar, one
-    line ``@dtfs-progress {"what", "done", "total"}`` at most every ``every`` seconds and at
-    the end of each stage (an epoch). Printed only where the launcher asked for it
-    (:func:`exercise_utils.launch.run` sets ``DTFS_MARKS=1`` when it shows bars): run by hand,
-    a script prints nothing more. ``marks = Marks(enabled=rank == 0)``, then
-    ``marks.stage("epoch 1/3", steps)`` and ``marks.update(step)`` after each step."""
-
-    def __init__(self, enabled=True, every=0.5):
-        self.on = enabled and os.environ.get("DTFS_MARKS") == "1"
-        self.every = every
-        self.what, self.total, self.last = "", 0, 0.0
-
-    def stage(self, what, total):
-        self.what, self.total = what, int(total)
-        self._print(0)
-        self.last = time.monotonic()
-
-    def update(self, done):
-        now = time.monotonic()
-        if self.on and (done >= self.total or now - self.last >= self.every):
-            self.last = now
-            self._print(done)
-
-    def _print(self, done):
-        if self.on:
-            print(MARK + json.dumps({"what": self.what, "done": int(done),
-                                     "total": self.total}), flush=True)
 
 
 class Tracebacks:
@@ -425,102 +357,3 @@ class Tracebacks:
         return "\n".join(n for n in (inner, mine) if n) or None
 
 
-class Bars:
-    """In the launcher: a ``tqdm.auto`` bar (a widget in Jupyter, a line on a terminal) drawn
-    from its ranks' :class:`Marks`; :meth:`feed` takes every output line and says whether it
-    was a mark (marks are never printed nor kept in the output). The bar is removed at the
-    end (``close``): what stays are the ranks' own lines, e.g. each epoch's."""
-
-    def __init__(self):
-        self.bar, self.stage = None, None
-
-    @staticmethod
-    def wanted():
-        return live() is not None
-
-    def feed(self, line):
-        at = line.find(MARK)
-        if at < 0:
-            return False
-        try:
-            mark = json.loads(line[at + len(MARK):])
-            what, done, total = str(mark["what"]), int(mark["done"]), int(mark["total"])
-        except (ValueError, KeyError, TypeError):
-            return True
-        if self.bar is None:
-            from tqdm.auto import tqdm
-            self.bar = tqdm(total=total, desc=what, leave=False, unit="step",
-                            dynamic_ncols=True)
-        elif self.stage != (what, total):            # a new stage (epoch): the bar anew
-            self.bar.reset(total=total)
-            self.bar.set_description(what, refresh=False)
-        self.stage = (what, total)
-        self.bar.n = done
-        self.bar.refresh()
-        return True
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-
-def runs(items, what):
-    """``items`` with a ``tqdm.auto`` bar over them where progress shows (:func:`live`): the
-    runs of a long experiment (e.g. 1, 2 and 4 processes), one step of the bar each."""
-    items = list(items)
-    if live() is None or len(items) < 2:
-        return items
-    from tqdm.auto import tqdm
-    top()                       # a failure's box shows above the bar and the runs' lines
-    bar = tqdm(items, desc=what, unit="run", leave=False, dynamic_ncols=True)
-    _RUNS.append(bar)
-    return bar
-
-
-_RUNS = []      # the bars of runs() not closed yet (see _cell_finished)
-
-
-class Progress:
-    """One line that says what a running check does, updated in place: in a Jupyter kernel a
-    display that is rewritten (and emptied at the end, so that a passed check leaves one
-    line), on a terminal a line rewritten with ``\\r``; elsewhere (pytest, nbgrader's
-    autograder, a log file) nothing. Updated at most once a second."""
-
-    def __init__(self):
-        self.handle, self.tty, self.shown, self.last = None, False, "", 0.0
-        where = live()
-        if where == "kernel":
-            from IPython.display import display
-            self.handle = display({"text/plain": ""}, raw=True, display_id=True)
-        self.tty = where == "tty"
-
-    def update(self, text, force=False):
-        now = time.monotonic()
-        if text == self.shown or (not force and now - self.last < 1.0):
-            return
-        self.shown, self.last = text, now
-        if self.handle is not None:
-            self.handle.update({"text/plain": text}, raw=True)
-        elif self.tty:
-            sys.stderr.write("\r\033[K" + text[:WIDTH])
-            sys.stderr.flush()
-
-    def close(self):
-        """Remove the line."""
-        self.update("", force=True)
-
-
-def progress_line(what, size, backend, seconds, seen, now):
-    """The text of a running launch: what, how many ranks, how long, the case the ranks run,
-    and any rank standing still for 10 s or more (with its line of the student's file)."""
-    cases = sorted({s["case"] for s in seen.values() if s.get("case")})
-    text = f"running {what}: {size} {backend} rank{'s' * (size != 1)}, {seconds:.0f} s"
-    if cases:
-        text += f", case {', '.join(cases)}"
-    still = [(r, now - s["moved"], s) for r, s in sorted(seen.items())
-             if now - s["moved"] >= 10]
-    for rank, idle, s in still[:2]:
-        at = f" at line {s['student'][0]} ({s['student'][1]})" if s.get("student") else ""
-        text += f"; rank {rank}: no progress for {idle:.0f} s{at}"
-    return text

@@ -26,7 +26,7 @@ import uuid
 
 import psutil
 
-from . import display, sandbox
+from . import display, progress, sandbox
 from .commands import FRESH_STORE_ENV, agent_command, find_executable, forked  # noqa: F401
 from .outcomes import (HANG_HINT, LaunchError, LaunchHang, LaunchLimit,  # noqa: F401
                        LaunchOutput, LaunchTimeout, RunResult, signal_name, tail)
@@ -70,8 +70,8 @@ def _pump(proc, sel, lines, echo, partial, wait, bars=None, counted=None):
     """Read whatever output is ready within ``wait`` seconds (up to a few MiB: a rank that
     prints fast is never left blocked on a full pipe, which would look like a hang); return
     False at EOF. ``echo``: print each line, or a callable that says which lines to print
-    (e.g. :class:`AgentReport`). A rank's progress mark (:class:`.display.Marks`) goes to
-    ``bars`` (a :class:`.display.Bars`), never to the output. ``counted``: a one-item list,
+    (e.g. :class:`AgentReport`). A rank's progress mark (:class:`.progress.Marks`) goes to
+    ``bars`` (a :class:`.progress.Bars`), never to the output. ``counted``: a one-item list,
     the bytes read so far. Only the first and last :data:`KEEP_LINES` lines are kept."""
     for key, _ in sel.select(timeout=wait):
         chunk = os.read(key.fd, 1 << 20)
@@ -88,7 +88,7 @@ def _pump(proc, sel, lines, echo, partial, wait, bars=None, counted=None):
             done, rest = done + [rest], ""
         partial.append(rest)
         for line in done:
-            if display.MARK in line:
+            if progress.MARK in line:
                 if bars is not None:
                     bars.feed(line)
                 continue
@@ -151,10 +151,10 @@ def run(cmd, timeout=120, env=None, cwd=None, echo=True, what=None, threads_per_
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if threads_per_process or var not in os.environ:
             full_env[var] = str(threads)
-    if echo and display.live() == "kernel":      # in Jupyter: the box says what failed,
+    if echo and progress.live() == "kernel":      # in Jupyter: the box says what failed,
         echo = display.Tracebacks(None if echo is True else echo)
-        display.top()                            # above the launch's lines
-    bars = display.Bars() if echo and display.Bars.wanted() else None
+        progress.top()                            # above the launch's lines
+    bars = progress.Bars() if echo and progress.Bars.wanted() else None
     if bars is not None:
         full_env["DTFS_MARKS"] = "1"                  # the ranks' progress for the bar
     lines, partial, counted = [], [""], [0]

@@ -13,7 +13,7 @@ import uuid
 
 import psutil
 
-from . import display
+from . import progress
 from .launch import core_share
 from .outcomes import HANG_HINT, LaunchError, LaunchTimeout, RunResult, signal_name, tail
 from .ports import free_port
@@ -66,7 +66,7 @@ def run_many(cmds, timeout=120, labels=None, env=None, envs=None, cwd=None, echo
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if threads_per_process or var not in os.environ:
             base[var] = str(threads)
-    display.top()                  # in Jupyter: a failure's box shows above the lines
+    progress.top()                  # in Jupyter: a failure's box shows above the lines
     start = time.monotonic()
     procs, seen, sel = [], {}, selectors.DefaultSelector()
     lines = [[] for _ in cmds]       # per command, unlabelled

@@ -130,7 +130,7 @@ def zygote_socket():
 CHECKS = []        # the launches of each check running now, outermost first
 
 
-LINE = [None]      # the progress line of the check running now (:class:`.display.Progress`)
+LINE = [None]      # the progress line of the check running now (:class:`.progress.Progress`)
 
 
 def check(func):
@@ -269,16 +269,16 @@ def zygote_lost():
 
 
 def with_progress(watch, what, world_size, backend):
-    """``watch`` that also keeps the check's progress line up to date (:mod:`.display`)."""
-    from . import display
+    """``watch`` that also keeps the check's progress line up to date (:mod:`.progress`)."""
+    from . import progress
     if CHECKS and LINE[0] is None:
-        LINE[0] = display.Progress()        # one line per check, emptied when it ends
-    line, start = (LINE[0] if CHECKS else display.Progress()), time.monotonic()
+        LINE[0] = progress.Progress()        # one line per check, emptied when it ends
+    line, start = (LINE[0] if CHECKS else progress.Progress()), time.monotonic()
 
     def watching():
         verdict = watch()
         now = time.monotonic()
-        line.update(display.progress_line(what, world_size, backend, now - start, watch.seen,
+        line.update(progress.progress_line(what, world_size, backend, now - start, watch.seen,
                                           now))
         return verdict
 

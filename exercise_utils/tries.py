@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import display, harness
+from . import display, harness, progress
 from .contract import CheckFailure
 from .notebook_files import (PART_MARK_RE, no_file, part_cell, parts_of, unimplemented,
                              unwritten)
@@ -114,7 +114,7 @@ def run(tries, name, path):
     one = tries[name]
     ready(path, one.needs)
     start = time.monotonic()
-    display.top()                   # the box of a failure goes above the ranks' lines
+    progress.top()                   # the box of a failure goes above the ranks' lines
     try:
         with harness.session():
             lines = harness.run_ranks(path, one.probe, one.ranks, one.backend,

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from exercise_utils import display, launch
+from exercise_utils import display, launch, progress
 from exercise_utils.contract import CheckFailure
 from grading import first_screen
 
@@ -210,11 +210,11 @@ def test_a_launch_stopped_by_unwritten_code_names_the_function(tmp_path):
 def test_the_progress_line_says_what_runs_and_who_stands_still():
     seen = {0: {"case": "ring-uneven", "moved": 100.0, "student": [12, "ring_all_reduce"]},
             1: {"case": "ring-uneven", "moved": 80.0, "student": None}}
-    line = display.progress_line("ring_all_reduce with 3 ranks", 3, "gloo", 21.4, seen, 101.0)
+    line = progress.progress_line("ring_all_reduce with 3 ranks", 3, "gloo", 21.4, seen, 101.0)
     assert line == ("running ring_all_reduce with 3 ranks: 3 gloo ranks, 21 s, case ring-uneven; "
                     "rank 1: no progress for 21 s")
     seen[0]["moved"] = 80.0
-    assert "rank 0: no progress for 21 s at line 12 (ring_all_reduce)" in display.progress_line(
+    assert "rank 0: no progress for 21 s at line 12 (ring_all_reduce)" in progress.progress_line(
         "x", 3, "gloo", 21.4, seen, 101.0)
 
 
@@ -258,7 +258,7 @@ def test_torchruns_failure_report_is_hidden_from_the_live_output(tmp_path, capsy
 
 MARKING = textwrap.dedent("""\
     import time
-    from exercise_utils.display import Marks
+    from exercise_utils.progress import Marks
     marks = Marks(every=0.0)
     for epoch in (1, 2):
         marks.stage(f"epoch {epoch}/2", 3)
@@ -273,36 +273,36 @@ def test_marks_print_only_for_a_launcher_that_shows_bars(monkeypatch, capsys):
     """A rank's progress marks: nothing unless the launcher asked (DTFS_MARKS=1); then one
     JSON line per update, rate-limited, always at a stage's end; off for other ranks."""
     monkeypatch.delenv("DTFS_MARKS", raising=False)
-    display.Marks().stage("epoch 1/1", 2)
+    progress.Marks().stage("epoch 1/1", 2)
     assert capsys.readouterr().out == ""
     monkeypatch.setenv("DTFS_MARKS", "1")
-    display.Marks(enabled=False).stage("epoch 1/1", 2)
+    progress.Marks(enabled=False).stage("epoch 1/1", 2)
     assert capsys.readouterr().out == ""
-    marks = display.Marks(every=60)
+    marks = progress.Marks(every=60)
     marks.stage("epoch 1/1", 3)
     for step in (1, 2, 3):
         marks.update(step)                 # 1 and 2 within the minute: not printed; 3: the end
     lines = capsys.readouterr().out.splitlines()
-    assert [json.loads(ln[len(display.MARK):]) for ln in lines] == [
+    assert [json.loads(ln[len(progress.MARK):]) for ln in lines] == [
         {"what": "epoch 1/1", "done": 0, "total": 3}, {"what": "epoch 1/1", "done": 3, "total": 3}]
 
 
 def test_a_launch_turns_its_ranks_marks_into_a_bar_and_never_prints_them(monkeypatch, capsys):
     fed = []
-    monkeypatch.setattr(display.Bars, "wanted", staticmethod(lambda: True))
-    monkeypatch.setattr(display.Bars, "feed",
-                        lambda self, line: fed.append(line) if display.MARK in line else None)
+    monkeypatch.setattr(progress.Bars, "wanted", staticmethod(lambda: True))
+    monkeypatch.setattr(progress.Bars, "feed",
+                        lambda self, line: fed.append(line) if progress.MARK in line else None)
     res = launch.run([sys.executable, "-c", MARKING], timeout=120)
     out = capsys.readouterr().out
-    assert display.MARK not in out and display.MARK not in res.output
+    assert progress.MARK not in out and progress.MARK not in res.output
     assert out.splitlines() == ["epoch 1 done", "epoch 2 done"] == res.output.splitlines()
-    marks = [json.loads(line[line.index(display.MARK) + len(display.MARK):]) for line in fed]
+    marks = [json.loads(line[line.index(progress.MARK) + len(progress.MARK):]) for line in fed]
     assert marks[0] == {"what": "epoch 1/2", "done": 0, "total": 3}
     assert marks[-1] == {"what": "epoch 2/2", "done": 3, "total": 3} and len(marks) == 8
     fed.clear()
-    monkeypatch.setattr(display.Bars, "wanted", staticmethod(lambda: False))
+    monkeypatch.setattr(progress.Bars, "wanted", staticmethod(lambda: False))
     res = launch.run([sys.executable, "-c", MARKING], timeout=120)   # no bar: no marks made
-    assert fed == [] and display.MARK not in res.output
+    assert fed == [] and progress.MARK not in res.output
 
 
 @pytest.mark.timeout(300)
@@ -342,12 +342,12 @@ def test_a_bar_starts_again_only_at_a_new_stage(monkeypatch):
         def close(self):
             events.append(("close",))
     monkeypatch.setattr(tqdm.auto, "tqdm", FakeBar)
-    bars = display.Bars()
-    mark = display.MARK + '{"what": "%s", "done": %d, "total": 3}'
+    bars = progress.Bars()
+    mark = progress.MARK + '{"what": "%s", "done": %d, "total": 3}'
     for line in (mark % ("epoch 1/2", 0), "[0] " + mark % ("epoch 1/2", 2),
                  mark % ("epoch 2/2", 0), mark % ("epoch 2/2", 3)):
         assert bars.feed(line)
-    assert not bars.feed("epoch 1: loss 0.3") and bars.feed(display.MARK + "not json")
+    assert not bars.feed("epoch 1: loss 0.3") and bars.feed(progress.MARK + "not json")
     bars.close()
     assert events == [("new", "epoch 1/2", 3), ("at", 0), ("at", 2), ("reset", 3),
                       ("desc", "epoch 2/2"), ("at", 0), ("at", 3), ("close",)]

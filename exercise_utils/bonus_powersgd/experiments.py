@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..bench import pyplot, save_figure
 from ..config import quick
-from ..display import Marks
+from ..progress import Marks
 
 TRAIN_SIZE = quick(12000, 256)  # training examples shared by the workers
 TEST_SIZE = quick(5000, 256)    # test examples (rank 0 evaluates)

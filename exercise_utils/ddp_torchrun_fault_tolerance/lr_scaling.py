@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..bench import pyplot, save_figure
 from ..config import quick
-from ..display import Marks, runs
+from ..progress import Marks, runs
 
 TRAIN_SIZE = quick(8000, 512)   # training examples shared by the workers
 TEST_SIZE = quick(10000, 500)   # test examples (rank 0 evaluates)

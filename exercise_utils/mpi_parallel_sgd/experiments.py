@@ -17,7 +17,7 @@ import psutil
 from .. import launch
 from ..bench import OtherLoad, format_table, line_plot, load_json, load_warning
 from ..config import quick
-from ..display import runs
+from ..progress import runs
 from ..processes import kill_processes
 
 TIMEOUT = quick(900, 60)    # seconds before a training run is declared hung and killed

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from ..config import quick
-from ..display import Marks
+from ..progress import Marks
 
 # Settings (each overridable on the command line, e.g. --epochs 5).
 DATASET = "auto"                    # mnist when present, else fashion-mnist (load_dataset)

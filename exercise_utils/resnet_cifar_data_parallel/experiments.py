@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import display, launch
+from .. import launch, progress
 from ..bench import (OtherLoad, format_table, load_json, load_note, pyplot, save_figure,
                      save_json)
 from ..config import quick
@@ -53,7 +53,7 @@ def run(script, world_size, results, preset="cpu", echo=True, timeout=TIMEOUT, *
 def compare(script, runs=RUNS, preset="cpu", folder="results/04", **settings):
     """Train once per (world size, batch) pair of ``runs``; return rank 0's summaries."""
     return [run(script, w, Path(folder) / f"run_w{w}_b{b}.json", preset=preset, batch_size=b,
-                **settings) for w, b in display.runs(runs, "runs")]
+                **settings) for w, b in progress.runs(runs, "runs")]
 
 
 def rows(summaries):

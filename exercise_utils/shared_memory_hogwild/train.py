@@ -158,7 +158,7 @@ def main(argv=None):
     print(f"{train.name}: {len(train)} training, {len(test)} test samples; {args.epochs} "
           f"epoch(s), batch {args.batch}, lr {args.lr}; {os.cpu_count()} CPU cores", flush=True)
     dataset = TimedDataset(train.x, train.y)
-    from ..display import Marks
+    from ..progress import Marks
     marks, rows = Marks(), []                   # the notebook's progress bar: runs done
     marks.stage(f"{len(args.runs)} runs", len(args.runs))
     for spec in args.runs:
