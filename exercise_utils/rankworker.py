@@ -298,7 +298,7 @@ def spawn(args, n):
     _preload(args, torch=n > 1 or args.backend == "gloo")
     sys.stdout.flush()
     sys.stderr.flush()
-    from .zygote import freeze_for_fork
+    from .forking import freeze_for_fork
     freeze_for_fork()               # each rank's gc.collect() walks only its own objects
     pids = []
     for r in range(n):

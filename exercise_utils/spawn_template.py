@@ -41,7 +41,7 @@ import socket
 import sys
 import threading
 
-from .zygote import exit_flushed, freeze_for_fork, fresh_random_state
+from .forking import exit_flushed, freeze_for_fork, fresh_random_state
 
 MAX_FDS = 250            # descriptors one request can carry (Linux's SCM_MAX_FD is 253)
 _SPAWN_MAIN = re.compile(r"^from multiprocessing\.spawn import spawn_main; "
@@ -168,7 +168,7 @@ def _serve(sock, rank):
             return
         request = json.loads(_recv_exact(sock, int.from_bytes(head, "big")))
         read, write = os.pipe()
-        freeze_for_fork()               # (the rank's objects: see zygote.freeze_for_fork)
+        freeze_for_fork()               # (the rank's objects: see forking.freeze_for_fork)
         middle = os.fork()
         if middle == 0:                  # forks the worker and leaves it an orphan
             os.close(read)

@@ -24,7 +24,6 @@ Used by :mod:`exercise_utils.harness` (the MPI checks of 01_mpi_parallel_sgd and
 06_build_your_own_ddp).
 """
 import argparse
-import array
 import importlib
 import json
 import os
@@ -34,6 +33,8 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from .forking import exit_flushed, freeze_for_fork, fresh_random_state
 
 FDS = 8                 # at most this many descriptors travel with a request
 KEEP = ("DTFS_SANDBOXED",)  # the zygote's own environment a rank keeps (the sandbox's mark)
@@ -258,38 +259,6 @@ def _fork_rank(conn, listener, children):
             _abort()
     finally:
         exit_flushed(code)
-
-
-def freeze_for_fork():
-    """Move every object this process holds now (torch's, numpy's, the probes' modules: some
-    400,000) into the collector's permanent generation before forking: a child's
-    ``gc.collect()`` then walks only what it made itself. Unfrozen, every full collection in a
-    child walked them all: 0.14 s of CPU with torch and torch._dynamo imported, and every gloo
-    rank collects at its end (:func:`exercise_utils.rankworker._finish`). The frozen objects
-    live as long as the process anyway (modules, their functions and classes)."""
-    import gc
-    gc.freeze()
-
-
-def exit_flushed(code):
-    """Flush Python's stdout and stderr, then leave at once with ``code``: a forked child
-    (a rank, a spawn worker of :mod:`.spawn_template`) runs no cleanup of its parent's."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
-
-
-def fresh_random_state():
-    """Seed Python's and numpy's global random numbers from the OS, as a fresh interpreter
-    does: every child of one zygote would otherwise start from the same state (notebook
-    05's check of snapshots that leave numpy's out then saw a resumed job equal the first)."""
-    import random
-    random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
 
 
 def _run_module(name, args):

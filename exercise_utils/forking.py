@@ -1,0 +1,44 @@
+"""What a child forked from a process that imported torch once needs, to be what a fresh
+interpreter would be: the parent's objects frozen out of its collector's way
+(:func:`freeze_for_fork`), Python's and numpy's random numbers seeded anew
+(:func:`fresh_random_state`), and an exit that flushes its output and runs none of its parent's
+cleanup (:func:`exit_flushed`).
+
+Owns the three. Called by :mod:`.zygote` (its ranks and torchrun jobs), :mod:`.rankworker`
+(ranks forked by ``--spawn``) and :mod:`.spawn_template` (notebook 02's spawn workers); a leaf:
+it imports nothing of the course.
+"""
+import os
+import sys
+
+
+def freeze_for_fork():
+    """Move every object this process holds now (torch's, numpy's, the probes' modules: some
+    400,000) into the collector's permanent generation before forking: a child's
+    ``gc.collect()`` then walks only what it made itself. Unfrozen, every full collection in a
+    child walked them all: 0.14 s of CPU with torch and torch._dynamo imported, and every gloo
+    rank collects at its end (:func:`exercise_utils.rankworker._finish`). The frozen objects
+    live as long as the process anyway (modules, their functions and classes)."""
+    import gc
+    gc.freeze()
+
+
+def exit_flushed(code):
+    """Flush Python's stdout and stderr, then leave at once with ``code``: a forked child
+    (a rank, a spawn worker of :mod:`.spawn_template`) runs no cleanup of its parent's."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def fresh_random_state():
+    """Seed Python's and numpy's global random numbers from the OS, as a fresh interpreter
+    does: every child of one zygote would otherwise start from the same state (notebook
+    05's check of snapshots that leave numpy's out then saw a resumed job equal the first)."""
+    import random
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
