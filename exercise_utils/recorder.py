@@ -10,13 +10,19 @@ those functions (``dist.group.WORLD.allreduce([t])``, ``torch.distributed.distri
 integrity violation. Every call the recorder or the probe makes itself runs inside
 ``paths.sanctioned()`` and is not hidden.
 
-Used in 06_build_your_own_ddp and 09_bonus_fsdp (by their probes).
+:class:`PointToPoint` records the point-to-point messages (name, elements, global peer) and
+the collectives (by name) of code that talks to its neighbours: a ring, a pipeline.
+
+Used in 06_build_your_own_ddp and 09_bonus_fsdp (:class:`Recorder`), in
+03_torch_distributed_collectives and 10_bonus_model_parallel (:class:`PointToPoint`), all by
+their probes.
 """
 import contextlib
 import inspect
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from . import pgwatch
 from .integrity import VIOLATION
@@ -36,10 +42,20 @@ SAME_AS = {"all_gather_single": "all_gather_into_tensor",
            "gather_single": "gather_into_tensor"}
 
 
+P2P = ("send", "recv", "isend", "irecv")
+SENDS = ("send", "isend")
+# What :class:`PointToPoint` logs by name only, beside the point-to-point messages.
+BY_NAME = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+           "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",
+           "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "all_to_all",
+           "all_to_all_single", "all_reduce_coalesced", "barrier", "monitored_barrier",
+           "send_object_list", "recv_object_list")
+
+
 class StandsFor:
     """Base of a recording wrapper that compares equal to the function ``self.fn`` it stands
     for: ``dist.P2POp`` accepts only ``op in [isend, irecv]`` (distributed_c10d's own).
-    Used by the point-to-point recorders of 03, 08 and 10."""
+    Used by :class:`PointToPoint` (03 and 10) and 08's recorder."""
 
     def __eq__(self, other):
         return other is self or other is self.fn
@@ -157,3 +173,104 @@ def verify_no_hidden(res, where, functions):
                 f"rank {rank} sent or received point-to-point messages {where} "
                 f"({sorted({e[0] for e in hidden})}): this notebook communicates with "
                 f"collectives only ({functions})")
+
+
+def global_peer(group, group_rank):
+    """The global rank of ``group_rank`` of ``group`` (None: the default group), or None where
+    there is none."""
+    try:
+        return dist.get_global_rank(group or dist.group.WORLD, group_rank)
+    except (ValueError, RuntimeError):
+        return None
+
+
+class _Logged(StandsFor):
+    """Stands for a ``torch.distributed`` function in :class:`PointToPoint`: logs each call
+    the student makes, then makes it."""
+
+    def __init__(self, name, fn, rec):
+        self.name, self.fn, self.rec = name, fn, rec
+        self.__name__ = self.__qualname__ = name
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, *args, **kwargs):
+        if self.rec.depth:
+            # made by a recorded call under way: torch 2.14's dist.send is isend + wait, its
+            # dist.recv irecv + wait, send_object_list a send: the student's one call is
+            # one message, logged once, by the outermost
+            return self.fn(*args, **kwargs)
+        self.rec.depth += 1
+        try:
+            self.rec.note(self.name, args, kwargs)
+            with self.rec.paths.sanctioned():
+                return self.fn(*args, **kwargs)
+        finally:
+            self.rec.depth -= 1
+
+
+class PointToPoint:
+    """While installed (``with PointToPoint(student, expect) as rec``), every point-to-point
+    message and collective made through ``torch.distributed`` is logged in ``rec.log`` as
+    ``(name, elements, peer)`` (``peer``: the global rank, also of a message addressed by
+    ``group_dst`` / ``group_src``; ``elements`` and ``peer`` None for a collective); what
+    reaches the ProcessGroup by another path is logged too (:mod:`exercise_utils.pgwatch`).
+    ``expect(name, peer)``, if given, is called before each message is made and may raise to
+    stop one to a rank the exercise never talks to (it would hang, or reach the wrong rank).
+
+    It replaces the functions on ``torch.distributed``, the names the student's module imported
+    from it, and ``distributed_c10d``'s own ``isend`` / ``irecv``: ``batch_isend_irecv`` (left
+    as it is) makes each ``P2POp`` with the function the op holds, a recorded one, and tells a
+    send from a receive by the identity ``op.op is isend`` of ``distributed_c10d``'s name. A
+    recorded call made inside another (torch's ``dist.send`` is ``isend`` + ``wait``) is not
+    logged again: one call of the student's, one entry. Used by the probes of
+    03_torch_distributed_collectives (the ring) and 10_bonus_model_parallel (the pipeline)."""
+
+    def __init__(self, student=None, expect=None):
+        self.student, self.expect, self.log, self.depth = student, expect, [], 0
+
+    def note(self, name, args, kwargs):
+        """Log one call of ``name`` (and ask ``expect`` first, for a message)."""
+        if name not in P2P:
+            self.log.append((name, None, None))
+            return
+        tensor = args[0] if args else kwargs.get("tensor")
+        key = "dst" if name in SENDS else "src"
+        peer = args[1] if len(args) > 1 else kwargs.get(key)
+        if peer is None and kwargs.get(f"group_{key}") is not None:
+            peer = global_peer(args[2] if len(args) > 2 else kwargs.get("group"),
+                               kwargs[f"group_{key}"])
+        self.log.append((name, int(tensor.numel()) if isinstance(tensor, torch.Tensor)
+                         else None, peer))
+        if self.expect is not None:
+            self.expect(name, peer)
+
+    def take(self):
+        """The calls logged so far (the log is emptied)."""
+        log, self.log[:] = list(self.log), []
+        return log
+
+    def __enter__(self):
+        self._watch = pgwatch.watching(self.log)
+        self.paths = self._watch.__enter__()
+        self.originals = {n: getattr(dist, n) for n in P2P + BY_NAME if hasattr(dist, n)}
+        wrapped = {n: _Logged(n, f, self) for n, f in self.originals.items()}
+        by_id = {id(f): wrapped[n] for n, f in self.originals.items()}
+        self.rebound = ({k: v for k, v in vars(self.student).items() if id(v) in by_id}
+                        if self.student is not None else {})
+        self.c10d = {n: getattr(c10d, n) for n in ("isend", "irecv")}
+        for n, f in wrapped.items():
+            setattr(dist, n, f)
+        for n in self.c10d:
+            setattr(c10d, n, wrapped[n])
+        for k, v in self.rebound.items():
+            setattr(self.student, k, by_id[id(v)])
+        return self
+
+    def __exit__(self, *exc):
+        for n, f in self.originals.items():
+            setattr(dist, n, f)
+        for n, f in self.c10d.items():
+            setattr(c10d, n, f)
+        for k, v in self.rebound.items():
+            setattr(self.student, k, v)
+        return self._watch.__exit__(*exc)

@@ -186,7 +186,7 @@ def probe_point_to_point_forms(student, ctx):
     """One call of each public point-to-point form, rank 0 sending to rank 1, under each
     recorder of the course that sees point-to-point messages (notebooks 03, 08, 10): what
     each logged, as ``(name, elements, peer)`` (peer None where a recorder keeps none)."""
-    from exercise_utils.bonus_model_parallel.probes_pp import _Recording
+    from exercise_utils.bonus_model_parallel.probes_pp import recording as pp_recording
     from exercise_utils.bonus_powersgd.probes import Recorder as PowerSGDRecorder
     from exercise_utils.torch_distributed_collectives.probes_ring import recording
     peer = 1 - ctx.rank
@@ -209,13 +209,13 @@ def probe_point_to_point_forms(student, ctx):
         dist.barrier()
 
     logged = {}
-    with recording(student) as log:
+    with recording(student) as rec:
         forms()
-    logged["03"] = [tuple(e) for e in log if e[0] != "barrier"]
+    logged["03"] = [tuple(e) for e in rec.take() if e[0] != "barrier"]
     with PowerSGDRecorder(student) as rec:
         forms()
     logged["08"] = [(name, numel, None) for name, numel, _, _ in rec.take()]
-    with _Recording(student, {peer}) as rec:
+    with pp_recording(student, {peer}) as rec:
         forms()
     logged["10"] = [tuple(e) for e in rec.take() if e[0] != "barrier"]
     return logged

@@ -60,12 +60,18 @@ def test_every_exercise_has_two_right_files():
 
 # ------------------------------------------------------------- ring: recording, benchmark
 def test_importing_the_checker_patches_nothing():
-    originals = {n: getattr(dist, n) for n in probes_ring.P2P + ("all_reduce", "batch_isend_irecv")}
-    assert not any(isinstance(fn, probes_ring._Recorded) for fn in originals.values())
-    with probes_ring.recording() as log:
+    import torch.distributed.distributed_c10d as c10d
+    from exercise_utils.recorder import P2P, StandsFor
+    names = P2P + ("all_reduce",)
+    originals = {n: getattr(dist, n) for n in names}
+    own = {n: getattr(c10d, n) for n in ("isend", "irecv")}
+    assert not any(isinstance(fn, StandsFor) for fn in [*originals.values(), *own.values()])
+    with probes_ring.recording() as rec:
         assert all(getattr(dist, n) is not fn for n, fn in originals.items())
         assert dist.isend == originals["isend"]           # what dist.P2POp checks
-    assert log == [] and all(getattr(dist, n) is fn for n, fn in originals.items())
+        assert c10d.isend is dist.isend                   # what batch_isend_irecv checks
+    assert rec.log == [] and all(getattr(dist, n) is fn for n, fn in originals.items())
+    assert all(getattr(c10d, n) is fn for n, fn in own.items())
 
 
 BATCHED = '''

@@ -60,6 +60,7 @@ import numpy as np
 from ..contract import CheckFailure, fail
 from ..notebook_files import no_file, unwritten
 from ..harness import HANG_AFTER, check, observing, run_ranks
+from ..recorder import P2P
 from . import probes_pp
 from .nets import PP_LAYERS, PP_RUNS, PP_WIDTHS, pp_reference, pp_runs
 from .orders import ORDERS, stage_orders
@@ -253,11 +254,11 @@ def _check_messages(size, res, runs=PP_RUNS):
                         f"the check's integrity was violated: {where} reached "
                         f"{', '.join(below)}, below torch.distributed's functions where the "
                         "check records communication")
-                colls = sorted({c[0] for c in calls if c[0] not in probes_pp.P2P})
+                colls = sorted({c[0] for c in calls if c[0] not in P2P})
                 if colls:
                     fail("pp-messages", f"{where} called {colls}: a pipeline needs only "
                                         "point-to-point messages (dist.isend / dist.irecv)")
-                others = sorted({c[2] for c in calls if c[0] in probes_pp.P2P
+                others = sorted({c[2] for c in calls if c[0] in P2P
                                  and c[2] not in (rank - 1, rank + 1)}, key=str)
                 if others:
                     fail("pp-messages", f"{where} exchanged messages with rank(s) {others}: "

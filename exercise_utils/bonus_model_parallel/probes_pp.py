@@ -23,25 +23,11 @@ import gc
 import weakref
 
 import torch
-import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
-from .. import pgwatch
-from ..recorder import StandsFor
 from ..rankworker import not_implemented
+from ..recorder import SENDS, PointToPoint
 from .nets import judge_loss, pp_runs, pp_stack, pp_stage
 
-P2P = ("send", "recv", "isend", "irecv")
-SENDS = ("send", "isend")
-OTHER = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
-         "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",
-         "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "all_to_all",
-         "all_to_all_single", "all_reduce_coalesced", "barrier", "monitored_barrier",
-         "send_object_list", "recv_object_list")
-# batch_isend_irecv is left as it is: it makes each of its ops with the isend / irecv the
-# P2POp holds (the recorded ones), and it tells a send from a receive by the identity
-# ``op.op is isend`` of torch.distributed.distributed_c10d's own name, which is why
-# _Recording replaces that name too.
 P_MAX, M_MAX = 4, 8
 BAD_ARGS = ((0, 1, 0), (1, 0, 0), (-1, 2, 0), (2, -3, 0), (2, 2, 2), (2, 2, -1), (3, 4, 5),
             (2.0, 2, 0), (2, 2.0, 0), (2, 2, 0.0), (True, 2, 0), (2, True, 0), ("2", 2, 0),
@@ -117,93 +103,16 @@ class WrongPeer(RuntimeError):
     made)."""
 
 
-def _global(group, group_rank):
-    try:
-        return dist.get_global_rank(group or dist.group.WORLD, group_rank)
-    except (ValueError, RuntimeError):
-        return None
-
-
-class _Recorded(StandsFor):
-    """Stands for a ``torch.distributed`` function: logs each call, then makes it."""
-
-    def __init__(self, name, fn, log, paths, peers, depth):
-        self.name, self.fn, self.log, self.paths, self.peers = name, fn, log, paths, peers
-        self.depth = depth              # [calls of recorded functions under way], shared
-        self.__name__ = self.__qualname__ = name
-        self.__doc__ = fn.__doc__
-
-    def __call__(self, *args, **kwargs):
-        if self.depth[0]:
-            # made by a recorded call under way: torch 2.14's dist.send is isend + wait, its
-            # dist.recv irecv + wait, send_object_list a send: the student's one call is
-            # one message, logged once, by the outermost
-            return self.fn(*args, **kwargs)
-        self.depth[0] += 1
-        try:
-            return self._call(args, kwargs)
-        finally:
-            self.depth[0] -= 1
-
-    def _call(self, args, kwargs):
-        if self.name in P2P:
-            tensor = args[0] if args else kwargs.get("tensor")
-            key = "dst" if self.name in SENDS else "src"
-            peer = args[1] if len(args) > 1 else kwargs.get(key)
-            if peer is None and kwargs.get(f"group_{key}") is not None:
-                peer = _global(args[2] if len(args) > 2 else kwargs.get("group"),
-                               kwargs[f"group_{key}"])
-            numel = int(tensor.numel()) if isinstance(tensor, torch.Tensor) else None
-            self.log.append([self.name, numel, peer])
-            if peer not in self.peers:
-                raise WrongPeer(f"dist.{self.name} {'to' if key == 'dst' else 'from'} rank "
-                                f"{peer}: stage s talks only to its neighbouring stages, here "
-                                f"ranks {sorted(self.peers)}")
-        else:
-            self.log.append([self.name, None, None])
-        with self.paths.sanctioned():
-            return self.fn(*args, **kwargs)
-
-
-class _Recording:
-    """Wraps the point-to-point functions and the collectives of ``torch.distributed`` (and the
-    names the student's module imported from it) while installed; what reaches the ProcessGroup
-    by another path is logged too (:mod:`exercise_utils.pgwatch`)."""
-
-    def __init__(self, student, peers):
-        self.student, self.log, self.peers = student, [], peers
-
-    def __enter__(self):
-        self._watch = pgwatch.watching(self.log)
-        paths = self._watch.__enter__()
-        names = [n for n in P2P + OTHER if hasattr(dist, n)]
-        self.originals = {n: getattr(dist, n) for n in names}
-        depth = [0]
-        wrapped = {n: _Recorded(n, f, self.log, paths, self.peers, depth)
-                   for n, f in self.originals.items()}
-        by_id = {id(f): wrapped[n] for n, f in self.originals.items()}
-        self.rebound = {k: v for k, v in vars(self.student).items() if id(v) in by_id}
-        for n, f in wrapped.items():
-            setattr(dist, n, f)
-        self.c10d = {n: getattr(c10d, n) for n in ("isend", "irecv")}
-        for n in self.c10d:
-            setattr(c10d, n, wrapped[n])
-        for k, v in self.rebound.items():
-            setattr(self.student, k, by_id[id(v)])
-        return self
-
-    def take(self):
-        log, self.log[:] = list(self.log), []
-        return log
-
-    def __exit__(self, *exc):
-        for n, f in self.originals.items():
-            setattr(dist, n, f)
-        for n, f in self.c10d.items():
-            setattr(c10d, n, f)
-        for k, v in self.rebound.items():
-            setattr(self.student, k, v)
-        return self._watch.__exit__(*exc)
+def recording(student, peers):
+    """A :class:`exercise_utils.recorder.PointToPoint` (``with recording(...) as rec``; the
+    calls in ``rec.log``) that stops a message to or from a rank outside ``peers`` (the
+    neighbouring stages' global ranks) with :class:`WrongPeer` before it is made."""
+    def expect(name, peer):
+        if peer not in peers:
+            raise WrongPeer(f"dist.{name} {'to' if name in SENDS else 'from'} rank {peer}: "
+                            f"stage s talks only to its neighbouring stages, here ranks "
+                            f"{sorted(peers)}")
+    return PointToPoint(student, expect)
 
 
 class _Tap(torch.autograd.Function):
@@ -315,7 +224,7 @@ def probe_pipeline(student, ctx, orders, runs=None, wire=False):
     salts = [getattr(ctx, "salt", 0) if r == s else None for r in range(p)]
     peers = {r for r in (s - 1, s + 1) if 0 <= r < p}
     results = {}
-    with _Recording(student, peers) as rec:
+    with recording(student, peers) as rec:
         for name, dtype, sched, m, batch in pp_runs(wire):
             if runs is not None and name not in runs:
                 continue

@@ -37,9 +37,9 @@ import numpy as np
 from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, observing, run_ranks
 from ..integrity import VIOLATION
+from ..recorder import P2P, SENDS
 from . import probes_ring
-from .probes_ring import (GROUP_CASE0, GROUP_CASES, GROUPS, P2P, SENDS, group_of, ring_cases,
-                          ring_sum)
+from .probes_ring import GROUP_CASE0, GROUP_CASES, GROUPS, group_of, ring_cases, ring_sum
 
 TIMEOUT = HANG_AFTER     # seconds without progress before a launch is a hang (harness)
 WORLD_SIZES = (3, 4, 2)     # one launch each; 3 first (the neighbours differ), 4 with groups

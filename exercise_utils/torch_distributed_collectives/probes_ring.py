@@ -12,22 +12,10 @@ only, and removed when it returns: importing this module patches nothing. The ve
 
 Used in 03_torch_distributed_collectives.
 """
-from contextlib import contextmanager
-
 import torch
 
-from .. import pgwatch
-from ..recorder import StandsFor
 from ..rankworker import salted_generator
-
-P2P = ("send", "recv", "isend", "irecv")
-SENDS = ("send", "isend")
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
-               "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",
-               "reduce", "gather", "gather_object", "scatter", "scatter_object_list",
-               "all_to_all", "all_to_all_single", "all_reduce_coalesced", "barrier",
-               "monitored_barrier", "send_object_list", "recv_object_list")
-
+from ..recorder import SENDS, PointToPoint
 
 GROUP_HINT = (" (with a group, rank and size are dist.get_rank(group) and "
               "dist.get_world_size(group); send/recv take global ranks: translate group rank r "
@@ -89,39 +77,6 @@ def ring_sum(shape, dtype, ranks, case, salts=None):
     return total.numpy()
 
 
-class _Recorded(StandsFor):
-    """Stands for a ``torch.distributed`` function: logs each call, then makes it."""
-
-    def __init__(self, name, fn, log, paths, ring):
-        self.name, self.fn, self.log, self.paths, self.ring = name, fn, log, paths, ring
-        self.__name__ = self.__qualname__ = name
-        self.__doc__ = fn.__doc__
-
-    def __call__(self, *args, **kwargs):
-        if self.name in P2P:
-            tensor = args[0] if args else kwargs.get("tensor")
-            key = "dst" if self.name in SENDS else "src"
-            peer = args[1] if len(args) > 1 else kwargs.get(key)
-            if peer is None and kwargs.get(f"group_{key}") is not None:
-                peer = _global(args[2] if len(args) > 2 else kwargs.get("group"),
-                               kwargs[f"group_{key}"])
-            self.log.append((self.name, int(tensor.numel()), peer))
-            _expect(self.name, peer, self.ring)
-        else:
-            self.log.append((self.name, None, None))
-        with self.paths.sanctioned():
-            return self.fn(*args, **kwargs)
-
-
-def _global(group, group_rank):
-    """The global rank of ``group_rank`` of ``group`` (None: the default group)."""
-    import torch.distributed as dist
-    try:
-        return dist.get_global_rank(group or dist.group.WORLD, group_rank)
-    except (ValueError, RuntimeError):
-        return None
-
-
 class WrongPeer(RuntimeError):
     """A message to or from a rank that is not the ring neighbour (stopped before it is made)."""
 
@@ -139,62 +94,19 @@ def _expect(name, peer, ring):
     raise WrongPeer(f"dist.{name} {side}, here global rank {want}")
 
 
-def _batch_recorder(batch_fn, originals, log, paths, ring):
-    def batch_isend_irecv(p2p_op_list):
-        for op in p2p_op_list:
-            fn = getattr(op.op, "fn", op.op)
-            name = "isend" if fn is originals["isend"] else "irecv"
-            peer = op.peer
-            if peer is None and getattr(op, "group_peer", None) is not None:
-                peer = _global(op.group, op.group_peer)
-            log.append((name, int(op.tensor.numel()), peer))
-            _expect(name, peer, ring)
-            op.op = fn
-        with paths.sanctioned():
-            return batch_fn(p2p_op_list)
-    return batch_isend_irecv
-
-
-@contextmanager
 def recording(student=None, ring=None):
-    """Record every communication call made through ``torch.distributed`` in a list.
-
-    Patches the functions on the ``torch.distributed`` module, and names the student's
-    module imported from it (``from torch.distributed import send``), until the block ends;
-    what reaches the ProcessGroup below them by another path is logged too
-    (:mod:`exercise_utils.pgwatch`: collectives under qualified names such as
-    ``ProcessGroup.allreduce``).
+    """A :class:`exercise_utils.recorder.PointToPoint` (``with recording(...) as rec``; the
+    calls in ``rec.log``, as ``(name, elements, peer)``) that stops a message to or from a
+    rank other than the ring neighbour before it is made.
 
     Args:
         student: the student's module (names it imported from ``torch.distributed``).
         ring: a dict the caller keeps up to date with the global ranks this rank must send
             to (``"right"``) and receive from (``"left"``); a message to or from another rank
-            raises ``RuntimeError`` before it is made. ``None``/empty: no such check.
-    Yields:
-        list of ``(name, elements, peer)`` tuples (``elements``/``peer`` None for collectives;
-        ``peer`` a global rank).
+            raises :class:`WrongPeer` before it is made. ``None``/empty: no such check.
     """
-    import torch.distributed as dist
     ring = {} if ring is None else ring
-    log, names = [], [n for n in P2P + COLLECTIVES if hasattr(dist, n)]
-    with pgwatch.watching(log) as paths:
-        originals = {n: getattr(dist, n) for n in names + ["batch_isend_irecv"]}
-        wrapped = {n: _Recorded(n, originals[n], log, paths, ring) for n in names}
-        wrapped["batch_isend_irecv"] = _batch_recorder(originals["batch_isend_irecv"],
-                                                       originals, log, paths, ring)
-        by_id = {id(fn): wrapped[n] for n, fn in originals.items()}
-        rebound = {k: v for k, v in vars(student).items() if id(v) in by_id} if student else {}
-        try:
-            for n, fn in wrapped.items():
-                setattr(dist, n, fn)
-            for k, v in rebound.items():
-                setattr(student, k, by_id[id(v)])
-            yield log
-        finally:
-            for n, fn in originals.items():
-                setattr(dist, n, fn)
-            for k, v in rebound.items():
-                setattr(student, k, v)
+    return PointToPoint(student, lambda name, peer: _expect(name, peer, ring))
 
 
 def probe_ring(student, ctx, cases, group_cases=()):
@@ -212,7 +124,7 @@ def probe_ring(student, ctx, cases, group_cases=()):
     runs = [(i, *c, None) for i, c in enumerate(cases)]
     runs += [(GROUP_CASE0 + i, *c, mine) for i, c in enumerate(group_cases)]
     results, ring = [], {}
-    with recording(student, ring) as log:
+    with recording(student, ring) as rec:
         for number, case, shape, dtype, group in runs:
             ctx.case(case)
             ranks = group_of(ctx.rank, ctx.size) if group is not None else list(range(ctx.size))
@@ -220,7 +132,7 @@ def probe_ring(student, ctx, cases, group_cases=()):
             ring.update(right=ranks[(pos + 1) % len(ranks)], left=ranks[pos - 1])
             tensor = ring_input(shape, dtype, ctx.rank, number, ctx.salt)
             ptr = tensor.data_ptr()
-            del log[:]
+            rec.take()
             try:
                 out = (student.ring_all_reduce(tensor) if group is None
                        else student.ring_all_reduce(tensor, group=group))
@@ -239,5 +151,5 @@ def probe_ring(student, ctx, cases, group_cases=()):
                 raise
             results.append({"value": tensor.numpy().copy(), "same": out is tensor and
                             tensor.data_ptr() == ptr, "returned": type(out).__name__,
-                            "dtype": str(tensor.dtype), "calls": list(log)})
+                            "dtype": str(tensor.dtype), "calls": rec.take()})
     return results
