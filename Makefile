@@ -41,8 +41,8 @@ data:
 	   ( $(SUDO) apt-get install -y -q dataset-fashion-mnist > /dev/null 2>&1 \
 	     || { $(SUDO) apt-get update -q > /dev/null 2>&1 && $(SUDO) apt-get install -y -q dataset-fashion-mnist > /dev/null 2>&1; } ) \
 	   && echo "setup: installed dataset-fashion-mnist" \
-	   || echo "setup: could not install dataset-fashion-mnist (no root?). Run: sudo apt-get install dataset-fashion-mnist, or see README > Data"; \
-	 else echo "setup: no apt-get here: see README > Data to provide MNIST or Fashion-MNIST"; fi
+	   || echo "setup: could not install dataset-fashion-mnist (no root?). Run: sudo apt-get install dataset-fashion-mnist, or see docs/students.md > Data"; \
+	 else echo "setup: no apt-get here: see docs/students.md > Data to provide MNIST or Fashion-MNIST"; fi
 
 # bubblewrap: make autograde runs student code in its sandbox (exercise_utils/sandbox.py) and
 # refuses to grade without it unless UNSAFE=1; students' own checks do not need it.
@@ -52,7 +52,7 @@ sandbox:
 	   ( apt-get install -y -q bubblewrap > /dev/null 2>&1 \
 	     || { apt-get update -q > /dev/null 2>&1 && apt-get install -y -q bubblewrap > /dev/null 2>&1; } ) \
 	   && echo "setup: installed bubblewrap" \
-	   || echo "setup: could not install bubblewrap; make autograde will need UNSAFE=1 (README: What the checks defend against)"; \
+	   || echo "setup: could not install bubblewrap; make autograde will need UNSAFE=1 (docs/grading-security.md: The sandbox)"; \
 	 else echo "setup: no bubblewrap (only instructors grading need it: sudo apt-get install bubblewrap)"; fi
 
 lab: setup

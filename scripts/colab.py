@@ -1,4 +1,4 @@
-"""The course on Colab (or any Jupyter kernel without it): what the README's set-up cell runs.
+"""The course on Colab (or any Jupyter kernel without it): what the Colab cell of docs/students.md runs.
 
 The cell clones the course once per runtime and calls :func:`setup`, which
 

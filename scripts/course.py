@@ -278,7 +278,7 @@ def sandbox_policy(args, course):
           f"the submission's folder", flush=True)
     from exercise_utils import limits
     shown = ", ".join(f"{k}={limits.shown(k, v)}" for k, v in found.items())
-    print(f"autograde: limits per rank ({shown}; see README: Limits at grading); each "
+    print(f"autograde: limits per rank ({shown}; see docs/instructors.md: Limits at grading); each "
           f"submission's grading may use {limits.size(job_memory(args))} of memory in all, "
           f"so that {limits.size(FLOOR)} stay free with {args.jobs} job(s) at once", flush=True)
     return {**kernel_env(), **sandbox.grading_policy(hidden, found),
@@ -324,7 +324,7 @@ def job_memory(args):
 
 def job_cgroup(env):
     """A memory cgroup for one grading job (``JOB_MEMORY`` in ``env``), or None where none
-    can be made (not root, no cgroups; README: Limits at grading)."""
+    can be made (not root, no cgroups; docs/instructors.md: Limits at grading)."""
     from exercise_utils import limits
     if not env.get(JOB_MEMORY):
         return None
@@ -518,7 +518,7 @@ def parse_args(argv=None):
     grading.add_argument("--limits", default="",
                          help="limits per rank at grading over the defaults, e.g. "
                               "memory=4G,processes=128,check=400 (names: memory, processes, tmp, "
-                              "shm, disk, output, check, cpu; README: Limits at grading)")
+                              "shm, disk, output, check, cpu; docs/instructors.md: Limits at grading)")
     grading.add_argument("--whole-notebook", action="store_true",
                          help="run every cell of a submission, as plain nbgrader does (default: "
                               "only the setup, exercise and CHECK cells; scripts/graded_only.py)")

@@ -1,11 +1,11 @@
-"""The README's Colab set-up cell, in a stand-in for Colab (issue 26, part 7).
+"""The Colab set-up cell of docs/students.md, in a stand-in for Colab (issue 26, part 7).
 
 The stand-in is what Colab gives a student: a fresh Python environment that already has torch,
 torchvision, numpy, matplotlib, ipykernel and ipywidgets (linked from the course's own environment, so no
 5 GB download) and nothing of the course (no ``exercise_utils``, mpi4py, mpich, JupyterLab or
 nbgrader). A kernel of that environment, started in a folder outside the repository, runs
 
-1. the README's cell twice: the first run clones the course (from this repository's committed
+1. the guide's cell twice: the first run clones the course (from this repository's committed
    HEAD) and installs what is missing, the second installs nothing; both print the same
    "ready" line, torch stays the environment's own, and nothing of the instructor's extra
    (JupyterLab, nbgrader) is installed;
@@ -31,12 +31,12 @@ COLAB_HAS = ["torch", "torchvision", "numpy", "matplotlib", "ipykernel", "ipywid
              "tqdm", "PyYAML"]
 
 
-def readme_cell():
-    """The code of the README's Colab cell (between its ``colab-cell`` markers)."""
-    text = (ROOT / "README.md").read_text()
+def colab_cell():
+    """The code of the Colab cell of docs/students.md (between its ``colab-cell`` markers)."""
+    text = (ROOT / "docs" / "students.md").read_text()
     found = re.search(r"<!-- colab-cell[^>]*-->\n```python\n(.*?)```\n<!-- /colab-cell -->",
                       text, flags=re.S)
-    assert found, "README.md has no Colab cell between <!-- colab-cell --> markers"
+    assert found, "docs/students.md has no Colab cell between <!-- colab-cell --> markers"
     return found[1]
 
 
@@ -124,7 +124,7 @@ def text(cell):
 
 @pytest.mark.notebook
 @pytest.mark.timeout(1200)
-def test_the_readme_cell_sets_up_a_fresh_colab_like_kernel(tmp_path, monkeypatch):
+def test_the_colab_cell_sets_up_a_fresh_colab_like_kernel(tmp_path, monkeypatch):
     python = stand_in(tmp_path / "env")
     before = subprocess.run([str(python), "-c", "import torch; print(torch.__file__)"],
                             capture_output=True, text=True, check=True, cwd=tmp_path).stdout
@@ -140,7 +140,7 @@ def test_the_readme_cell_sets_up_a_fresh_colab_like_kernel(tmp_path, monkeypatch
     probe = ("import os, sys, exercise_utils, torch\n"
              "print('where', os.getcwd(), exercise_utils.__file__, torch.__file__)")
 
-    nb = run([readme_cell(), readme_cell(), probe], content, timeout=600)
+    nb = run([colab_cell(), colab_cell(), probe], content, timeout=600)
     first, second, where = map(text, nb.cells)
     assert "installing the course and mpi4py, mpich" in first, first
     assert "installing" not in second, second            # the second run installs nothing
@@ -165,7 +165,7 @@ def test_the_readme_cell_sets_up_a_fresh_colab_like_kernel(tmp_path, monkeypatch
     solution = json.loads(graded_only((ROOT / "solutions" / "01_mpi_parallel_sgd.ipynb")
                                       .read_text(), keep_checks=["shards", "broadcast"]))
     cells = [c for c in solution["cells"] if c["cell_type"] == "code"]
-    nb = run([readme_cell(), *cells], content, timeout=900)
+    nb = run([colab_cell(), *cells], content, timeout=900)
     assert "installing" not in text(nb.cells[0]) and "ready" in text(nb.cells[0])
     checks = [c for c in nb.cells if c.source.startswith("# CHECK ")]
     assert len(checks) == 2, [c.source[:30] for c in checks]

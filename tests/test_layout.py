@@ -82,7 +82,7 @@ def unresolved(text):
 
 def repository_texts():
     files = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "scripts").glob("*.py"),
-             ROOT / "README.md", ROOT / "Makefile"]
+             ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "Makefile"]
     texts = {str(p.relative_to(ROOT)): p.read_text() for p in files}
     for nb in [*(ROOT / "solutions").glob("*.ipynb"), *(ROOT / "notebooks").glob("*.ipynb")]:
         cells = json.loads(nb.read_text())["cells"]
