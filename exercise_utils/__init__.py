@@ -16,7 +16,11 @@ hang from a slow machine), ``integrity`` (signed results, guarded checker code),
 ``torch.distributed``'s functions), ``bench`` (timing,
 tables, JSON and plots), ``notebook_files`` (the ``%%writefile`` files of a notebook),
 ``linebuf`` (line-buffered MPI ranks), ``cluster`` (hosts in network namespaces with
-shaped links, on one machine), ``sandbox`` (student code in bubblewrap at grading) and
+shaped links, on one machine) with ``netns`` (the namespaces; those a dead owner left, removed)
+and ``links`` (link rates, shaping, byte counters), ``hosts`` (at grading, each rank of a check
+on a host of its own) with ``hostranks`` (the launcher that asks each host's zygote for its
+rank), ``hostsweep`` (what a check left on the hosts, removed) and ``hostlimits`` (the hosts'
+cgroups), ``sandbox`` (student code in bubblewrap at grading) and
 ``display`` (what a student sees of a check: one line, or a short box) and ``tries`` (the try
 cells after each part of an exercise: the part run on 2 ranks, what it computed printed).
 

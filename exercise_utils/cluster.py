@@ -3,55 +3,47 @@
 Each *host* is a Linux network namespace with one interface, ``eth0``, and its own address
 (10.42.0.1, 10.42.0.2, ...). The hosts' cables (veth pairs) meet at a switch (a bridge in one
 more namespace), so the machine's own network is never touched and runs never collide. Each
-host's link can be shaped to a rate in both directions (``tc ... tbf``: a token bucket,
-e.g. ``100mbit``, ``1gbit``, ``10gbit``; ``None`` leaves it unshaped: then a veth moves about
-10 Gbit/s on a laptop). This kernel-level shaping limits bandwidth only: there is no added
-delay (``netem`` is not available everywhere), so small messages cost what they cost on the
-machine, large ones what the link allows. A token bucket also lets a burst (64 kB, or 4 ms
-of traffic at rates above 128 Mbit/s) pass at full speed and refills while the link is idle:
-a message smaller than the burst, sent every few milliseconds, hardly waits (measured in
-notebook 08: DropoutNet's 87 kB per step cost no more at 100 Mbit/s than unshaped).
+host's link can be shaped to a rate in both directions (``100mbit``, ``1gbit``, ...; ``None``
+leaves it unshaped): a token bucket that limits bandwidth only, no delay (:mod:`.links`: the
+rates, the shaping, the counters, a measured rate).
 
 Each host also has its own hostname, ``h0``, ``h1``, ... (a UTS namespace), which every host
 resolves to that host's address (a per-namespace ``/etc/hosts``, which ``ip netns exec``
 mounts): torchrun's c10d rendezvous (its workers' MASTER_ADDR is the first agent's hostname)
-and gloo find their addresses exactly as on a real cluster, without extra settings. Commands run on a host through :mod:`exercise_utils.launch` (live output, a
-hard timeout, every process killed at the end).
+and gloo find their addresses exactly as on a real cluster, without extra settings. Commands
+run on a host through :mod:`exercise_utils.launch` (live output, a hard timeout, every process
+killed at the end).
 
 Needs Linux, root (``sudo``; Colab runs as root) and ``ip``/``tc`` (Debian: ``iproute2``).
-Otherwise :class:`ClusterUnavailable` says why and what to do, and the notebooks fall back
-to their loopback version. Namespaces are named ``dtfs-<pid>-<id>-...``: :meth:`Cluster.down`
-removes them (also on errors and Ctrl-C, and at interpreter exit), and every new cluster first
-removes those whose creating process is dead (``python -m exercise_utils.cluster cleanup``
-does it by hand)::
+Otherwise :class:`ClusterUnavailable` says why and what to do (:func:`unavailable_reason`), and
+the notebooks fall back to their loopback version. Namespaces are named ``dtfs-<pid>-<id>-...``
+(:mod:`.netns`: the namespaces themselves, and the removal of what a dead owner left):
+:meth:`Cluster.down` removes them (also on errors and Ctrl-C, and at interpreter exit), and
+every new cluster first removes those whose creating process is dead (``python -m
+exercise_utils.cluster cleanup`` does it by hand)::
 
     with cluster.Cluster(2, rate="100mbit") as c:
         c.run(c.hosts[0], ["python", "-c", "import socket; print(socket.gethostname())"])
         print(c.measure(c.hosts[0], c.hosts[1]), "Mbit/s")
 
-Used in 03_torch_distributed_collectives, 05_ddp_torchrun_fault_tolerance,
-06_build_your_own_ddp and 08_bonus_powersgd.
+Called by :mod:`.hosts` (a mesh for the checks' ranks) and the network sections of the
+notebooks. Used in 03_torch_distributed_collectives, 05_ddp_torchrun_fault_tolerance,
+06_build_your_own_ddp, 08_bonus_powersgd and 10_bonus_model_parallel.
 """
 import atexit
 import json
 import os
-import re
-import shutil
-import socket
-import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
+from . import links
+from .commands import FRESH_STORE_ENV, agent_command, find_executable
+from .netns import NETNS_ETC, PREFIX, UTS_DIR, ip, remove, remove_stale, tool
+from .netns import unavailable_reason  # noqa: F401 - home: netns (the notebooks ask cluster)
 
-PREFIX = "dtfs-"              # every namespace this module creates starts with it
 SUBNET = "10.42.0"            # host i has SUBNET.(i + 1)/24; namespaces keep runs apart
-NETNS_ETC = Path("/etc/netns")
-UTS_DIR = Path("/run/dtfs-uts")  # one file per host: its UTS namespace (hostname)
-UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 MESH_MAX = 8                  # hosts of a mesh: n * (n - 1) / 2 cables
 MPI_OVER_LINKS = {"UCX_TLS": "tcp,self"}   # MPICH's data over TCP (:meth:`Cluster.mpiexec_command`)
 _LIVE = set()                 # clusters up in this process, torn down at exit
@@ -59,41 +51,6 @@ _LIVE = set()                 # clusters up in this process, torn down at exit
 
 class ClusterUnavailable(RuntimeError):
     """This machine cannot make network namespaces (not root, not Linux, no iproute2)."""
-
-
-def rate_bits(rate):
-    """Bits per second of a link rate: ``"100mbit"`` -> 1e8; ``None``/``"unshaped"`` -> None.
-
-    Raises:
-        ValueError: not ``<number>kbit|mbit|gbit``.
-    """
-    if rate in (None, "unshaped"):
-        return None
-    found = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(kbit|mbit|gbit)", str(rate).strip().lower())
-    if not found:
-        raise ValueError(f"link rate {rate!r}: expected e.g. '100mbit', '1gbit', '10gbit' "
-                         "or None (unshaped)")
-    return float(found[1]) * UNITS[found[2]]
-
-
-def unavailable_reason():
-    """Why this machine cannot run a :class:`Cluster` (a sentence with the fix), or None."""
-    if not sys.platform.startswith("linux"):
-        return f"network namespaces need Linux (this is {sys.platform})"
-    if os.geteuid() != 0:
-        return ("network namespaces need root: run Jupyter (or the tests) with sudo, or use "
-                "Colab, which runs as root")
-    missing = [tool for tool in ("ip", "tc", "unshare", "nsenter") if not shutil.which(tool)]
-    if missing:
-        return (f"{' and '.join(missing)} not found: install iproute2 and util-linux "
-                "(sudo apt-get install iproute2 util-linux)")
-    probe = f"{PREFIX}probe-{os.getpid()}-{uuid.uuid4().hex[:4]}"
-    made = _ip("netns", "add", probe, check=False)
-    if made.returncode != 0:
-        return (f"`ip netns add` failed ({made.stderr.strip()}): this container may lack "
-                "CAP_SYS_ADMIN (docker: --privileged)")
-    _ip("netns", "del", probe, check=False)
-    return None
 
 
 def require():
@@ -144,7 +101,7 @@ class Cluster:
         if not 2 <= int(hosts) <= (MESH_MAX if mesh else 200):
             raise ValueError(f"a {'mesh ' * mesh}cluster needs 2 to "
                              f"{MESH_MAX if mesh else 200} hosts, got {hosts}")
-        rate_bits(rate)
+        links.rate_bits(rate)
         self.rate, self.mesh = rate, bool(mesh)
         run_id = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.switch = None if mesh else f"{run_id}-sw"
@@ -166,9 +123,9 @@ class Cluster:
         self._up = True
         try:
             if not self.mesh:
-                _ip("netns", "add", self.switch)
-                _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-                _ip("-n", self.switch, "link", "set", "br0", "up")
+                ip("netns", "add", self.switch)
+                ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+                ip("-n", self.switch, "link", "set", "br0", "up")
             for host in self.hosts:
                 self._add(host)
             if self.mesh:
@@ -182,16 +139,16 @@ class Cluster:
         return self
 
     def _add(self, host):
-        _ip("netns", "add", host.netns)
+        ip("netns", "add", host.netns)
         if not self.mesh:
             port = f"p{host.index}"
-            _ip("link", "add", "eth0", "netns", host.netns, "type", "veth",
-                "peer", "name", port, "netns", self.switch)
-            _ip("-n", self.switch, "link", "set", port, "master", "br0")
-            _ip("-n", self.switch, "link", "set", port, "up")
-            _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
-            _ip("-n", host.netns, "link", "set", "eth0", "up")
-        _ip("-n", host.netns, "link", "set", "lo", "up")
+            ip("link", "add", "eth0", "netns", host.netns, "type", "veth",
+               "peer", "name", port, "netns", self.switch)
+            ip("-n", self.switch, "link", "set", port, "master", "br0")
+            ip("-n", self.switch, "link", "set", port, "up")
+            ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
+            ip("-n", host.netns, "link", "set", "eth0", "up")
+        ip("-n", host.netns, "link", "set", "lo", "up")
         etc = NETNS_ETC / host.netns
         etc.mkdir(parents=True, exist_ok=True)
         # the v4-mapped IPv6 form too: c10d reverse-resolves its peers from IPv6 sockets
@@ -200,8 +157,8 @@ class Cluster:
         (etc / "hosts").write_text("\n".join(names) + "\n")
         UTS_DIR.mkdir(parents=True, exist_ok=True)
         host.uts.touch()
-        _run(["unshare", f"--uts={host.uts}", sys.executable, "-c",
-              f"import socket; socket.sethostname({host.name!r})"])
+        tool(["unshare", f"--uts={host.uts}", sys.executable, "-c",
+             f"import socket; socket.sethostname({host.name!r})"])
 
     def down(self):
         """Kill every process on the hosts, delete every namespace and its files. Idempotent.
@@ -214,21 +171,21 @@ class Cluster:
         self._up = False
         _LIVE.discard(self)
         problems = [p for ns in [h.netns for h in self.hosts] + [self.switch]
-                    if ns for p in [_remove(ns)] if p]
+                    if ns for p in [remove(ns)] if p]
         if problems:
             raise RuntimeError("cluster teardown left: " + "; ".join(problems))
 
     def _cable(self, a, b):
         """A mesh's cable between hosts ``a`` and ``b``: ``a``'s ``p<b>`` to ``b``'s ``p<a>``;
         each host keeps its one address on all its interfaces, with a route per peer."""
-        _ip("link", "add", f"p{b.index}", "netns", a.netns, "type", "veth",
-            "peer", "name", f"p{a.index}", "netns", b.netns)
+        ip("link", "add", f"p{b.index}", "netns", a.netns, "type", "veth",
+           "peer", "name", f"p{a.index}", "netns", b.netns)
         for me, peer in ((a, b), (b, a)):
             dev = f"p{peer.index}"
-            _ip("-n", me.netns, "addr", "add", f"{me.address}/32", "dev", dev)
-            _ip("-n", me.netns, "link", "set", dev, "up")
-            _ip("-n", me.netns, "route", "add", f"{peer.address}/32", "dev", dev,
-                "src", me.address)
+            ip("-n", me.netns, "addr", "add", f"{me.address}/32", "dev", dev)
+            ip("-n", me.netns, "link", "set", dev, "up")
+            ip("-n", me.netns, "route", "add", f"{peer.address}/32", "dev", dev,
+               "src", me.address)
 
     # ------------------------------------------------------------------ links
     def _devices(self):
@@ -251,26 +208,17 @@ class Cluster:
                              "one link carries its traffic to every peer")
         out = {}
         for host in self.hosts:
-            links = json.loads(_ip("-n", host.netns, "-s", "-j", "link", "show").stdout)
-            sent = {link["ifname"]: link["stats64"]["tx"]["bytes"] for link in links}
+            sent = links.sent_bytes(host.netns)
             for peer in self.hosts:
                 if peer is not host:
-                    out[host.index, peer.index] = int(sent[f"p{peer.index}"])
+                    out[host.index, peer.index] = sent[f"p{peer.index}"]
         return out
 
     def shape(self, rate):
         """Shape every host's link to ``rate`` in both directions (None: unshaped)."""
-        bits = rate_bits(rate)
+        links.rate_bits(rate)          # (a bad rate changes nothing)
         self.rate = rate
-        for netns, dev in self._devices():
-            if bits is None:
-                subprocess.run(["tc", "-n", netns, "qdisc", "del", "dev", dev, "root"],
-                               capture_output=True)
-                continue
-            # the bucket must hold at least one timer tick of traffic (and 64 kB)
-            burst = max(64_000, int(bits / 8 / 250))
-            _run(["tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf",
-                  "rate", f"{bits:.0f}bit", "burst", str(burst), "latency", "100ms"])
+        links.shape(self._devices(), rate)
 
     # ------------------------------------------------------------------ running commands
     def run(self, host, cmd, **kwargs):
@@ -291,9 +239,9 @@ class Cluster:
     def torchrun_command(self, script, nproc_per_node=1, args=(), module=False, extra=(),
                          rdzv_id="dtfs-job", port=29400, fork=False):
         """The torchrun agent command every host runs for one job over all the hosts, with
-        the c10d rendezvous on ``h0:<port>`` (arguments: :func:`exercise_utils.launch.agent_command`;
-        ``fork``: what :meth:`torchrun` runs, an agent and workers forked on each host)."""
-        from .launch import agent_command
+        the c10d rendezvous on ``h0:<port>`` (arguments:
+        :func:`exercise_utils.commands.agent_command`; ``fork``: what :meth:`torchrun` runs, an
+        agent and workers forked on each host)."""
         return agent_command(script, len(self.hosts), nproc_per_node,
                              f"{self.hosts[0].name}:{port}", rdzv_id, args, module, extra=extra,
                              fork=fork)
@@ -305,7 +253,6 @@ class Cluster:
         cmd = self.torchrun_command(script, nproc_per_node, args, module, extra, rdzv_id,
                                     fork=True)
         kwargs.setdefault("nprocs", nproc_per_node)
-        from .launch import FRESH_STORE_ENV
         kwargs["env"] = {**FRESH_STORE_ENV, **(kwargs.get("env") or {})}
         return self.run_many([(host, cmd) for host in self.hosts], **kwargs)
 
@@ -316,17 +263,7 @@ class Cluster:
         at the hosts' addresses. MPICH's UCX moves data between processes of one machine
         through shared memory whatever their network: :data:`MPI_OVER_LINKS` (in the command's
         environment) makes it use TCP, so that the data crosses the links."""
-        from .launch import find_executable
-        launcher = Path(launcher)
-        cases = "".join(f'  {h.name}) exec ip netns exec {h.netns} nsenter --uts={h.uts} '
-                        f'bash -c "$*";;\n' for h in self.hosts)
-        launcher.write_text('#!/bin/bash\n[ "$1" = "-x" ] && shift\nhost="$1"; shift\n'
-                            f'case "$host" in\n{cases}esac\nexit 127\n')
-        launcher.chmod(0o700)
-        return self.hosts[0].wrap([find_executable("mpiexec"), "-launcher", "ssh",
-                                   "-launcher-exec", str(launcher), "-hosts",
-                                   ",".join(h.name for h in self.hosts), "-n",
-                                   str(len(self.hosts)), "-ppn", "1", *map(str, cmd)])
+        return mpiexec_on(self.hosts, cmd, launcher)
 
     def env(self):
         """Environment for commands on the hosts: MASTER_ADDR is host 0's address."""
@@ -335,9 +272,8 @@ class Cluster:
     def measure(self, src, dst, mbytes=20, timeout=60):
         """Send ``mbytes`` MB over TCP from ``src`` to ``dst``; return the rate in Mbit/s."""
         port = "5201"
-        server = [sys.executable, "-m", "exercise_utils.cluster", "serve", port]
-        client = [sys.executable, "-m", "exercise_utils.cluster", "send", dst.address, port,
-                  str(mbytes)]
+        server = [sys.executable, "-m", links.__name__, "serve", port]
+        client = [sys.executable, "-m", links.__name__, "send", dst.address, port, str(mbytes)]
         results = self.run_many([(dst, server), (src, client)], timeout=timeout, echo=False,
                                 what=f"the {mbytes} MB transfer {src.name} -> {dst.name}")
         return json.loads(results[1].output.strip().splitlines()[-1])["mbit_per_s"]
@@ -352,7 +288,8 @@ def each_rate(module, args, rates, out, what, hosts=2, timeout=180):
         for rate in rates:
             net.shape(rate)
             name = rate or "unshaped"
-            bits = rate_bits(rate) or 1e6 * net.measure(net.hosts[0], net.hosts[1], mbytes=200)
+            bits = (links.rate_bits(rate)
+                    or 1e6 * net.measure(net.hosts[0], net.hosts[1], mbytes=200))
             path = Path(f"{out}.{name}.json")
             path.unlink(missing_ok=True)
             print(f"links at {name}: {what} on {', '.join(h.name for h in net.hosts)} ...",
@@ -365,58 +302,19 @@ def each_rate(module, args, rates, out, what, hosts=2, timeout=180):
             yield name, bits, rows
 
 
-# ---------------------------------------------------------------------- helpers
-def _run(cmd, check=True):
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()}")
-    return proc
-
-
-def _ip(*args, check=True):
-    return _run(["ip", *args], check)
-
-
-def _remove(netns):
-    """Kill the processes in ``netns``, delete it and its /etc/netns files; a problem or ''."""
-    pids = _ip("netns", "pids", netns, check=False).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), 9)
-        except (ProcessLookupError, ValueError):
-            pass
-    shutil.rmtree(NETNS_ETC / netns, ignore_errors=True)
-    uts = UTS_DIR / netns
-    if uts.exists():
-        _run(["umount", str(uts)], check=False)
-        uts.unlink(missing_ok=True)
-    for _ in range(50):
-        gone = _ip("netns", "del", netns, check=False)
-        if netns not in namespaces():
-            return ""
-        time.sleep(0.1)
-    return f"{netns} ({gone.stderr.strip()})"
-
-
-def namespaces(prefix=PREFIX):
-    """Names of the network namespaces starting with ``prefix``."""
-    out = _ip("netns", "list", check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
-
-
-def remove_stale():
-    """Delete the ``dtfs-<pid>-...`` namespaces whose creating process is gone.
-
-    Returns:
-        list[str]: the namespaces deleted.
-    """
-    stale = []
-    for ns in namespaces():
-        found = re.match(rf"{PREFIX}(?:probe-)?(\d+)-", ns)
-        if found and not psutil.pid_exists(int(found[1])):
-            _remove(ns)
-            stale.append(ns)
-    return stale
+def mpiexec_on(hosts, cmd, launcher):
+    """``mpiexec`` running ``cmd`` once on each of ``hosts`` (:class:`Host`), started on the
+    first, through ``launcher`` (written here): see :meth:`Cluster.mpiexec_command`. Also
+    called by :meth:`.hosts.Pool.mpi_command`."""
+    launcher = Path(launcher)
+    cases = "".join(f'  {h.name}) exec ip netns exec {h.netns} nsenter --uts={h.uts} '
+                    f'bash -c "$*";;\n' for h in hosts)
+    launcher.write_text('#!/bin/bash\n[ "$1" = "-x" ] && shift\nhost="$1"; shift\n'
+                        f'case "$host" in\n{cases}esac\nexit 127\n')
+    launcher.chmod(0o700)
+    return hosts[0].wrap([find_executable("mpiexec"), "-launcher", "ssh", "-launcher-exec",
+                          str(launcher), "-hosts", ",".join(h.name for h in hosts), "-n",
+                          str(len(hosts)), "-ppn", "1", *map(str, cmd)])
 
 
 @atexit.register
@@ -428,46 +326,7 @@ def _down_all():
             print(err, file=sys.stderr)
 
 
-# ---------------------------------------------------------------------- rate measurement
-def _serve(port):
-    with socket.create_server(("0.0.0.0", int(port)), reuse_port=True) as srv:
-        conn, _ = srv.accept()
-        with conn:
-            while conn.recv(1 << 20):
-                pass
-            conn.sendall(b"k")
-
-
-def _send(address, port, mbytes):
-    deadline = time.monotonic() + 20
-    while True:                          # the server may still be starting
-        try:
-            conn = socket.create_connection((address, int(port)), timeout=30)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    chunk, total = b"\0" * (1 << 20), int(float(mbytes) * 1e6)
-    with conn:
-        start, sent = time.perf_counter(), 0
-        while sent < total:
-            conn.sendall(chunk[:min(len(chunk), total - sent)])
-            sent += min(len(chunk), total - sent)
-        conn.shutdown(socket.SHUT_WR)
-        conn.recv(1)                    # the receiver has read everything
-        seconds = time.perf_counter() - start
-    print(json.dumps({"bytes": total, "seconds": seconds, "mbit_per_s": total * 8 / seconds / 1e6}))
-
-
 if __name__ == "__main__":
-    usage = "python -m exercise_utils.cluster cleanup | serve PORT | send ADDRESS PORT MBYTES"
-    what = sys.argv[1] if len(sys.argv) > 1 else ""
-    if what == "cleanup":
-        print("removed:", remove_stale() or "nothing")
-    elif what == "serve" and len(sys.argv) == 3:
-        _serve(sys.argv[2])
-    elif what == "send" and len(sys.argv) == 5:
-        _send(*sys.argv[2:])
-    else:
-        sys.exit(usage)
+    if sys.argv[1:] != ["cleanup"]:
+        sys.exit("python -m exercise_utils.cluster cleanup")
+    print("removed:", remove_stale() or "nothing")

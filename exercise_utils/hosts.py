@@ -2,7 +2,7 @@
 
 Where the judge must trust nothing the ranks could touch (at grading: a sandbox policy,
 :mod:`.sandbox`; in tests: ``DTFS_OBSERVE=1``), and network namespaces can be made (root,
-Linux: :func:`.cluster.unavailable_reason`), a check's launches run on a :class:`Pool`: the
+Linux: :func:`.netns.unavailable_reason`), a check's launches run on a :class:`Pool`: the
 hosts of a mesh (:class:`.cluster.Cluster` with ``mesh=True``: a cable of its own between every
 two hosts), each with a *zygote* (:mod:`.zygote`: a process that imported torch once and forks
 a rank for each launch) inside a sandbox of its own, in its host's network namespace. Rank r of
@@ -33,31 +33,31 @@ emptied).
 Elsewhere (students' machines) checks run as before: their ranks forked by one zygote, with
 one loopback (:mod:`.harness`).
 
-Used by :mod:`.harness` (every checker, 01_mpi_parallel_sgd onwards).
+Owns: :func:`wanted`, :class:`Pool` (the hosts, their zygotes, a launch's folders and
+commands) and :func:`pool`. Beside it: :mod:`.hostranks` (the launcher a launch runs),
+:mod:`.hostsweep` (what is left on the hosts, killed and emptied) and :mod:`.hostlimits` (the
+hosts' cgroups). Called by :mod:`.harness` and :mod:`.hostlaunch` (every checker,
+01_mpi_parallel_sgd onwards).
 """
 import atexit
-import json
 import os
-import selectors
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
-from . import cluster, limits, sandbox
-from .processes import TAG, _is_alive, die_with_parent, kill_processes
+from . import cluster, hostranks, hostsweep, netns, sandbox
+from .hostlimits import HostCgroups
+from .processes import TAG, die_with_parent, kill_processes
 
 OBSERVE = "DTFS_OBSERVE"    # "1": launches on hosts outside grading too (tests, as root); "0": never
 SIZE = 3                    # hosts of a pool at first: the most ranks most checks launch
 PRELOAD = ("numpy", "torch", "torch.distributed", "exercise_utils.rankworker")
 PORT = 29500                # host 0's port for a launch's gloo group (a fresh one per launch)
 START_LIMIT = 300           # seconds a host's zygote may take to import what it preloads
-ZYGOTE_MEMORY = 1 << 30     # at grading, a host's memory: its rank's limit and this (the zygote)
-ZYGOTE_TASKS = 32           # ... its processes and threads: its rank's limit and these
 
 
 def wanted():
@@ -75,7 +75,7 @@ _WORKS = []
 def namespaces_work():
     """Whether network namespaces can be made here (asked once per process)."""
     if not _WORKS:
-        _WORKS.append(cluster.unavailable_reason() is None)
+        _WORKS.append(netns.unavailable_reason() is None)
     return _WORKS[0]
 
 
@@ -99,8 +99,7 @@ class Pool:
         self.net, self.size, self.launches = None, 0, 0
         self.visible = sandbox.own_install()   # under /tmp, yet in the zygotes' sight
         self.zygotes = {}            # host -> {"proc", "listener", "errors"}
-        self.cgroups = {}            # host -> its limits.Cgroup (at grading, as root)
-        self.peaks = {}              # host -> most tasks above the zygote's, most memory seen
+        self.cgroups = HostCgroups()  # each host's limits.Cgroup (at grading, as root)
         self._grow(size)
 
     # ------------------------------------------------------------------ hosts and zygotes
@@ -141,7 +140,7 @@ class Pool:
                                     cwd=home / "w")
         errors = self.root / "ctl" / f"{host.name}.err"
         env = {**os.environ, TAG: self.tag, "PYTHONSAFEPATH": "1", "TMPDIR": "/tmp"}
-        group = self._cgroup(h)
+        group = self.cgroups.of(h)
 
         def start():
             die_with_parent()
@@ -154,41 +153,10 @@ class Pool:
         listener.close()     # the zygote's now: once it is gone, a connection is refused
         self.zygotes[h] = {"proc": proc, "errors": errors, "sandboxed": sandboxed}
 
-    def _cgroup(self, h):
-        """Host ``h``'s cgroup at grading (:mod:`.limits`: memory and processes bounded by
-        the kernel for everything on the host, its zygote included, which holds about
-        :data:`ZYGOTE_MEMORY` of its own), or None: no limits, or no cgroups here."""
-        found = limits.current()
-        if not found:
-            return None
-        if h not in self.cgroups:
-            group = limits.Cgroup.make(f"h{h}")
-            if group is None:
-                return None
-            group.set(memory=int(found["memory"]) + ZYGOTE_MEMORY,
-                      processes=int(found["processes"]) + ZYGOTE_TASKS)
-            self.cgroups[h] = group
-        return self.cgroups[h]
-
     def limit_events(self, size, arm=False):
-        """``[{"memory": n, "processes": n} or None for each of the first size hosts]``: what
-        the kernel stopped on each so far (:meth:`.limits.Cgroup.events`). ``arm``: first
-        let each host's processes and threads grow by the limit from what runs there now
-        (its sandbox and zygote, swept of any launch's)."""
-        found = limits.current()
-        for h in range(size):
-            group = self.cgroups.get(h)
-            if group is None:
-                continue
-            tasks, peak = len(group.tasks()), self.peaks.setdefault(h, {"tasks": 0, "memory": 0})
-            if arm and found:
-                peak["base"] = tasks
-                peak["zygote"] = min(peak.get("zygote", 1 << 62), group.anonymous())
-                group.set(processes=tasks + int(found["processes"]))
-            elif "base" in peak:    # (what the solutions need: DTFS_LIMITS_LOG, see close)
-                peak["tasks"] = max(peak["tasks"], tasks - peak["base"])
-                peak["memory"] = max(peak["memory"], group.anonymous())
-        return [self.cgroups[h].events() if h in self.cgroups else None for h in range(size)]
+        """What the kernel stopped on each of the first ``size`` hosts so far
+        (:meth:`.hostlimits.HostCgroups.events`, ``arm`` as there)."""
+        return self.cgroups.events(size, arm)
 
     def _zygote(self, h):
         """Host ``h``'s zygote, started anew where the last one is gone."""
@@ -212,16 +180,7 @@ class Pool:
                 f"; its stderr: {tail or '(empty)'}")
 
     def _stop_zygotes(self):
-        for state in self.zygotes.values():
-            proc = state["proc"]
-            try:
-                import psutil
-                inside = psutil.Process(proc.pid).children(recursive=True)
-            except Exception:     # noqa: BLE001 - already gone
-                inside = []
-            proc.kill()
-            proc.wait()
-            kill_processes(inside, grace=0.2)
+        hostsweep.stop_zygotes(self.zygotes)
         self.zygotes = {}
 
     def close(self):
@@ -232,13 +191,7 @@ class Pool:
             from .processes import tagged_processes
             kill_processes(tagged_processes(self.tag), grace=0.2)
         finally:
-            log = os.environ.get("DTFS_LIMITS_LOG")
-            if log and self.peaks:        # measuring the solutions' needs (tests/test_limits.py)
-                with open(log, "a") as f:
-                    f.write(json.dumps({"cwd": os.getcwd(), "peaks": self.peaks}) + "\n")
-            for group in self.cgroups.values():
-                group.close()
-            self.cgroups = {}
+            self.cgroups.close()
             if self.net is not None:
                 self.net.down()
                 self.net = None
@@ -277,16 +230,13 @@ class Pool:
     def command(self, ranks, preload):
         """The judge's launcher of one gloo (or lone-process) launch: ``ranks`` is a list of
         ``(worker arguments, working directory)``, rank r on host r. Its exit status is the
-        first failing rank's (:func:`_launch_ranks`)."""
+        first failing rank's (:func:`.hostranks.main`)."""
         for r in range(len(ranks)):
             self._zygote(r)
-        master = self.net.hosts[0].address
-        spec = {"ranks": [{"socket": str(self.root / "ctl" / f"h{r}.sock"), "args": args,
-                           "cwd": str(cwd)} for r, (args, cwd) in enumerate(ranks)],
-                "master": master, "preload": list(preload)}
-        path = self.root / "ctl" / f"launch{self.launches}.json"
-        path.write_text(json.dumps(spec))
-        return [sys.executable, "-P", "-m", "exercise_utils.hosts", "ranks", str(path)]
+        ctl = self.root / "ctl"
+        spec = [(ctl / f"h{r}.sock", args, cwd) for r, (args, cwd) in enumerate(ranks)]
+        return hostranks.command(ctl / f"launch{self.launches}.json", spec,
+                                 self.net.hosts[0].address, preload)
 
     def mpi_command(self, world_size, worker_args, preload):
         """``mpiexec`` over the first ``world_size`` hosts, started on host 0: each host's
@@ -294,21 +244,10 @@ class Pool:
         ``worker_args`` reads as the host's name)."""
         for r in range(world_size):
             self._zygote(r)
-        from .launch import find_executable
-        hosts = self.net.hosts[:world_size]
-        launcher = self.root / "ctl" / "ssh"
-        cases = "".join(f'  {h.name}) exec ip netns exec {h.netns} nsenter --uts={h.uts} '
-                        f'bash -c "$*";;\n' for h in hosts)
-        launcher.write_text('#!/bin/bash\n[ "$1" = "-x" ] && shift\nhost="$1"; shift\n'
-                            f'case "$host" in\n{cases}esac\nexit 127\n')
-        launcher.chmod(0o700)
         stub = [sys.executable, "-P", "-m", "exercise_utils.zygote", "--stub",
                 str(self.root / "ctl"), *[a for n in preload for a in ("--preload", n)], "--",
                 *worker_args]
-        return hosts[0].wrap([find_executable("mpiexec"), "-launcher", "ssh",
-                              "-launcher-exec", str(launcher), "-hosts",
-                              ",".join(h.name for h in hosts), "-n", str(world_size),
-                              "-ppn", "1", *stub])
+        return cluster.mpiexec_on(self.net.hosts[:world_size], stub, self.root / "ctl" / "ssh")
 
     def port(self):
         """A port for this launch's group on host 0 (none of an earlier launch's sockets can
@@ -320,55 +259,15 @@ class Pool:
         n = world_size or self.size
         return {(i, j): b for (i, j), b in self.net.link_bytes().items() if i < n and j < n}
 
-    def _zygote_processes(self):
-        """``{host: the zygote's psutil process}`` for every host whose zygote runs."""
-        import psutil
-        found = {}
-        for h, state in self.zygotes.items():
-            try:
-                below = psutil.Process(state["proc"].pid).children(recursive=True)
-            except psutil.Error:
-                continue
-            zygote = next((p for p in below if _is_zygote(p) and not _is_zygote(_parent(p))),
-                          None)
-            if zygote is not None:
-                found[h] = zygote
-        return found
-
     def strays(self, size):
-        """``{host: [psutil processes]}`` left on each of the first ``size`` hosts outside its
-        zygote's tree: what a rank started and cut loose (a daemon: a new session, its parent
-        gone), which outlives its launch; empty hosts left out. Only kills say more."""
-        import psutil
-        zygotes, found = self._zygote_processes(), {}
-        for h in range(size):
-            state, zygote = self.zygotes.get(h), zygotes.get(h)
-            if state is None or zygote is None:
-                continue
-            try:
-                below = psutil.Process(state["proc"].pid).children(recursive=True)
-                keep = {zygote.pid} | {p.pid for p in zygote.children(recursive=True)}
-                keep |= {p.pid for p in zygote.parents()}
-            except psutil.Error:
-                continue
-            left = [p for p in below if p.pid not in keep and _is_alive(p)]
-            if left:
-                found[h] = left
-        return found
+        """``{host: [psutil processes]}`` left on the first ``size`` hosts outside their
+        zygotes' trees (:func:`.hostsweep.strays`)."""
+        return hostsweep.strays(self.zygotes, size)
 
     def sweep(self):
-        """Kill whatever is left running on the hosts (a rank's children, a daemon it
-        started), sparing each zygote and the processes above it."""
-        import psutil
-        victims = []
-        for zygote in self._zygote_processes().values():
-            try:
-                victims += zygote.children(recursive=True)
-            except psutil.Error:
-                pass
-        for left in self.strays(self.size).values():
-            victims += left
-        kill_processes(victims, grace=0.2)
+        """Kill whatever is left running on the hosts, sparing each zygote and the processes
+        above it (:func:`.hostsweep.sweep`)."""
+        hostsweep.sweep(self.zygotes, self.size)
 
     def reset(self):
         """Between two checks: nothing of the last one is left on the hosts. Every process
@@ -376,64 +275,10 @@ class Pool:
         reached through ``/proc/<zygote>/root``) and the launches' folders are emptied. The
         zygotes stay: the next check's ranks fork from them (no torch to import again)."""
         self.sweep()
-        for h, zygote in self._zygote_processes().items():
-            # (bare, without bwrap, a zygote's /tmp is the machine's: never emptied)
-            if self.zygotes[h]["sandboxed"] and _sandboxed(zygote.pid):
-                for inside in ("/tmp", "/dev/shm"):
-                    _empty_inside(zygote.pid, inside)
+        hostsweep.empty_sandboxes(self.zygotes)
         for h in range(self.size):
             for sub in ("w", "in"):
-                _empty(self.root / f"h{h}" / sub)
-
-
-def _empty(folder):
-    """Remove everything inside ``folder`` (which stays)."""
-    try:
-        entries = list(Path(folder).iterdir())
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink()
-        except OSError:
-            pass
-
-
-def _empty_inside(pid, folder):
-    """Remove everything inside ``folder`` as process ``pid`` (in a sandbox) sees it, but the
-    mount points there and the folders that lead to them (the sandbox's binds: its host's
-    folders, the course's checkout; removing one from outside would detach it)."""
-    try:
-        with open(f"/proc/{pid}/mountinfo") as info:
-            mounts = {line.split()[4] for line in info}
-    except OSError:
-        return
-    top = f"/proc/{pid}/root"
-
-    def clean(inside):
-        try:
-            names = os.listdir(top + inside)
-        except OSError:
-            return
-        for name in names:
-            path = f"{inside.rstrip('/')}/{name}"
-            if path in mounts:
-                continue
-            if any(m.startswith(path + "/") for m in mounts):
-                clean(path)
-                continue
-            full = Path(top + path)
-            try:
-                if full.is_dir() and not full.is_symlink():
-                    shutil.rmtree(full, ignore_errors=True)
-                else:
-                    full.unlink()
-            except OSError:
-                pass
-    clean(folder)
+                hostsweep.empty(self.root / f"h{h}" / sub)
 
 
 _POOL = []          # this process's hosts: started at the first launch on hosts
@@ -459,86 +304,3 @@ def close_pool():
     """Stop this process's hosts (at exit)."""
     while _POOL:
         _POOL.pop().close()
-
-
-def _parent(proc):
-    try:
-        return proc.parent()
-    except Exception:     # noqa: BLE001
-        return None
-
-
-def _is_zygote(proc):
-    """Whether ``proc`` is a zygote's Python (or a rank it forked: the same command line),
-    not one of the processes that started it (``bwrap``'s hold the command line too)."""
-    try:
-        return proc is not None and proc.cmdline()[1:4] == ["-P", "-m", "exercise_utils.zygote"]
-    except Exception:     # noqa: BLE001
-        return False
-
-
-def _sandboxed(pid):
-    """Whether process ``pid`` sees a ``/tmp`` and a ``/dev/shm`` of its own (a sandbox's:
-    never the machine's, which ``ip netns exec`` alone, a mount namespace of its own, still
-    shows: emptying that one would empty the machine's)."""
-    try:
-        for folder in ("/tmp", "/dev/shm"):
-            inside, here = os.stat(f"/proc/{pid}/root{folder}"), os.stat(folder)
-            if (inside.st_dev, inside.st_ino) == (here.st_dev, here.st_ino):
-                return False
-        return True
-    except OSError:
-        return False
-
-
-def _launch_ranks(spec_path):
-    """The launcher: ask each host's zygote for its rank (with this process's output
-    descriptors and environment, RANK, WORLD_SIZE, MASTER_ADDR), wait for their exit
-    statuses, and exit with the first non-zero one, closing the other connections (their
-    zygotes kill those ranks) as soon as one fails. A zygote that cannot be reached, or that
-    closed a connection without a status, makes it exit with :data:`.zygote.LOST`."""
-    from .zygote import LOST, request
-    spec = json.loads(Path(spec_path).read_text())
-    n = len(spec["ranks"])
-    base = dict(os.environ)
-    conns = {}
-    try:
-        for r, rank in enumerate(spec["ranks"]):
-            env = {**base, "RANK": str(r), "LOCAL_RANK": "0", "WORLD_SIZE": str(n),
-                   "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": spec["master"], "TMPDIR": "/tmp"}
-            try:
-                conns[r] = request(rank["socket"], rank["args"], env, preload=spec["preload"],
-                                   cwd=rank["cwd"])
-            except OSError as exc:
-                print(f"hosts: rank {r}'s zygote could not be reached ({exc})", file=sys.stderr,
-                      flush=True)
-                sys.exit(LOST)
-    except BaseException:
-        for conn in conns.values():
-            conn.close()
-        raise
-    sel = selectors.DefaultSelector()
-    for r, conn in conns.items():
-        sel.register(conn, selectors.EVENT_READ, r)
-    statuses, code = {}, 0
-    while len(statuses) < n and not code:
-        for key, _ in sel.select(timeout=1.0):
-            data = b""
-            try:
-                while chunk := key.fileobj.recv(64):  # (the zygote closes after the status)
-                    data += chunk
-            except OSError:                           # (a zygote gone before it accepted)
-                data = b""
-            sel.unregister(key.fileobj)
-            statuses[key.data] = int(data) if data.strip() else LOST
-            code = code or statuses[key.data]
-    for conn in conns.values():
-        conn.close()
-    sys.exit(abs(code))
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "ranks":
-        _launch_ranks(sys.argv[2])
-    else:
-        sys.exit("python -m exercise_utils.hosts ranks SPEC")

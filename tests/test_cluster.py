@@ -5,18 +5,17 @@ reason, and the error a student then sees is tested on its own. Marked network: 
 the parallel pass (a token bucket limits the rate whatever the load; measured: 100 Mbit/s and
 1 Gbit/s links within 5% beside a loaded machine).
 """
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from exercise_utils import cluster, launch, launch_many
+from exercise_utils import cluster, launch, launch_many, netns
 from exercise_utils.ddp_torchrun_fault_tolerance import hello, multinode
+from exercise_utils.links import rate_bits
 
 ROOT = Path(__file__).resolve().parents[1]
 REASON = cluster.unavailable_reason()
@@ -33,21 +32,21 @@ def leftovers():
     """Everything a cluster made by this process could leave behind: namespaces, their /etc
     files, UTS files (``dtfs-<this pid>-...``: the tests running beside this one, e.g. the
     checks observing links on a mesh, make clusters of their own at the same time)."""
-    mine = f"{cluster.PREFIX}{os.getpid()}-"
-    found = cluster.namespaces(mine)
-    for folder in (cluster.NETNS_ETC, cluster.UTS_DIR):
+    mine = f"{netns.PREFIX}{os.getpid()}-"
+    found = netns.namespaces(mine)
+    for folder in (netns.NETNS_ETC, netns.UTS_DIR):
         if folder.exists():
             found += [p.name for p in folder.iterdir() if p.name.startswith(mine)]
     return sorted(found)
 
 
 def test_rates_parse_and_bad_rates_say_what_is_expected():
-    assert cluster.rate_bits("100mbit") == 1e8 and cluster.rate_bits("1gbit") == 1e9
-    assert cluster.rate_bits("10gbit") == 1e10 and cluster.rate_bits("2.5 Gbit") == 2.5e9
-    assert cluster.rate_bits(None) is None and cluster.rate_bits("unshaped") is None
+    assert rate_bits("100mbit") == 1e8 and rate_bits("1gbit") == 1e9
+    assert rate_bits("10gbit") == 1e10 and rate_bits("2.5 Gbit") == 2.5e9
+    assert rate_bits(None) is None and rate_bits("unshaped") is None
     for bad in ("100", "fast", "100mb", "1 gbps"):
         with pytest.raises(ValueError, match="expected e.g. '100mbit'"):
-            cluster.rate_bits(bad)
+            rate_bits(bad)
     with pytest.raises(ValueError, match="2 to 200 hosts"):
         cluster.Cluster(1)
 
@@ -66,7 +65,7 @@ def test_hosts_have_their_own_address_and_name_and_leave_nothing_behind():
     before_links, before = links(), leftovers()
     with cluster.Cluster(3) as net:
         names = {h.netns for h in net.hosts}
-        assert len(names) == 3 and set(cluster.namespaces()) >= names | {net.switch}
+        assert len(names) == 3 and set(netns.namespaces()) >= names | {net.switch}
         for host in net.hosts:
             script = ("import socket; print(socket.gethostname(), "
                       "socket.gethostbyname(socket.gethostname()), socket.gethostbyname('h2'))")
@@ -80,7 +79,7 @@ def test_hosts_have_their_own_address_and_name_and_leave_nothing_behind():
 def test_a_mesh_counts_the_bytes_of_each_directed_link_and_leaves_nothing_behind():
     before_links, before = links(), leftovers()
     with cluster.Cluster(3, mesh=True) as net:
-        assert net.switch is None and set(cluster.namespaces()) >= {h.netns for h in net.hosts}
+        assert net.switch is None and set(netns.namespaces()) >= {h.netns for h in net.hosts}
         start = net.link_bytes()
         assert sorted(start) == [(0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1)]
         assert net.measure(net.hosts[0], net.hosts[2], mbytes=5) > 0
@@ -150,13 +149,13 @@ def test_a_killed_owner_s_namespaces_are_removed_by_the_next_cluster(tmp_path):
                             cwd=ROOT)
     try:
         switch = proc.stdout.readline().strip()
-        assert switch in cluster.namespaces()
+        assert switch in netns.namespaces()
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    assert switch in cluster.namespaces()            # nobody tore it down
+    assert switch in netns.namespaces()            # nobody tore it down
     with cluster.Cluster(2):
-        assert switch not in cluster.namespaces()
+        assert switch not in netns.namespaces()
     assert not any(name.startswith(switch[:-3]) for name in leftovers())
 
 

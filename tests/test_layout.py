@@ -17,6 +17,7 @@ CORE = {"config", "data", "models", "launch", "launch_many", "processes", "harne
         "bench", "notebook_files", "linebuf", "cluster", "contract", "zygote", "plaindata",
         "sandbox", "display", "hosts", "wire", "spawn_template", "limits", "tries",
         "compare", "stops", "reports", "sessions", "hostlaunch",
+        "netns", "links", "hostranks", "hostsweep", "hostlimits",
         "outcomes", "ports", "commands"}
 OLD_KINDS = re.compile(r"^(checks_\w+|\w+_probe|\w+_bench|\w+_experiments?)$")
 DOTTED = re.compile(r"exercise_utils(?:\.\w+)+")

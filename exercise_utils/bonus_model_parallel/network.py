@@ -76,7 +76,7 @@ def sweep(work="work/10_model_parallel.py", rates=RATES, out=OUT, timeout=TIMEOU
 
     Args:
         work: your file (``MLP``, ``ParallelMLP``, ``one_f_one_b_order``, ``pipeline_step``).
-        rates: link rates (:func:`exercise_utils.cluster.rate_bits`; None: unshaped).
+        rates: link rates (:func:`exercise_utils.links.rate_bits`; None: unshaped).
         out: JSON file for the rows.
         timeout: seconds per rate before its launch is killed.
     Returns:

@@ -39,7 +39,7 @@ def sweep(student="work/08_powersgd.py", ranks=experiments.RANKS, rates=RATES, h
     Args:
         student: the file with your ``PowerSGD``.
         ranks: PowerSGD ranks r (yours).
-        rates: link rates (:mod:`exercise_utils.cluster`; None: unshaped).
+        rates: link rates (:func:`exercise_utils.links.rate_bits`; None: unshaped).
         hidden: DropoutNet widths (one model each, all trained in each launch).
         out: JSON file for the rows.
     Returns:

@@ -37,7 +37,7 @@ def sweep(work="work/06_myddp.py", rates=RATES, cap=CAP, out=OUT, timeout=TIMEOU
 
     Args:
         work: your file (all five stages implemented).
-        rates: link rates (:func:`exercise_utils.cluster.rate_bits`; None: unshaped).
+        rates: link rates (:func:`exercise_utils.links.rate_bits`; None: unshaped).
         cap: the bucket cap (MiB) of ``bucket`` and ``torch``.
         out: JSON file for the rows.
     Returns:

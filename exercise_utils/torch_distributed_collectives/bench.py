@@ -174,7 +174,7 @@ def run_on_hosts(work="work", hosts=3, rate="100mbit", sizes_kib=NETWORK_SIZES_K
     Raises:
         exercise_utils.cluster.ClusterUnavailable: not root (the notebook says so and skips).
     """
-    from .. import cluster
+    from .. import cluster, links
     out = Path(out)
     out.unlink(missing_ok=True)
     args = ["--work", str(work), "--out", str(out), "--sizes-kib", *map(str, sizes_kib),
@@ -183,7 +183,7 @@ def run_on_hosts(work="work", hosts=3, rate="100mbit", sizes_kib=NETWORK_SIZES_K
         print(f"{hosts} hosts, links of {rate}: {len(sizes_kib)} sizes ...", flush=True)
         net.torchrun(__name__, 1, args, module=True, timeout=timeout, echo=False,
                      what=f"the ring benchmark on {hosts} hosts")
-    bits = cluster.rate_bits(rate)
+    bits = links.rate_bits(rate)
     rows = load_json(out)["rows"]
     for row in rows:
         row["rate"] = bits

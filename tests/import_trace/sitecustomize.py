@@ -13,7 +13,7 @@ class _Tracer:
         argv = " ".join(sys.argv[:3])
         role = ("kernel" if "ipykernel" in argv else "zygote" if "zygote" in argv and
                 "--stub" not in argv else "stub" if "--stub" in argv else
-                "rank" if "rankworker" in argv else "launcher" if "hosts" in argv else "other")
+                "rank" if "rankworker" in argv else "launcher" if "hostranks" in argv else "other")
         if role == "zygote" and os.environ.get("RANK") is not None:
             role = "rank"                   # (forked from the zygote: its argv)
         try:
