@@ -4,8 +4,8 @@ zygote of their own (:mod:`.zygote`).
 
 Owns: :func:`find_executable`, :func:`agent_command`, :func:`forked`, :func:`builds_optimizer`,
 :data:`ZYGOTE`, :data:`OPTIMIZER`, :data:`FRESH_STORE_ENV`. Called by :mod:`.launch` (which
-re-exports them for its callers: ``launch.find_executable``, ...), :mod:`.sessions`,
-:mod:`.cluster` and :mod:`.hosts`.
+re-exports them for its callers: ``launch.find_executable``, ...), :mod:`.sessions` and
+:mod:`.cluster`.
 """
 import os
 import re

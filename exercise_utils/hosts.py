@@ -57,7 +57,6 @@ OBSERVE = "DTFS_OBSERVE"    # "1": launches on hosts outside grading too (tests,
 SIZE = 3                    # hosts of a pool at first: the most ranks most checks launch
 PRELOAD = ("numpy", "torch", "torch.distributed", "exercise_utils.rankworker")
 PORT = 29500                # host 0's port for a launch's gloo group (a fresh one per launch)
-START_LIMIT = 300           # seconds a host's zygote may take to import what it preloads
 
 
 def wanted():
@@ -77,10 +76,6 @@ def namespaces_work():
     if not _WORKS:
         _WORKS.append(netns.unavailable_reason() is None)
     return _WORKS[0]
-
-
-class ZygoteLost(RuntimeError):
-    """A host's zygote is gone (it is started anew at the next launch)."""
 
 
 class Pool:
