@@ -66,7 +66,7 @@ class Dataset:
 
 
 def dataset_sources(name: str) -> list[str]:
-    """Human-readable ways to provide a dataset (used in error messages and the README).
+    """Human-readable ways to provide a dataset (used in error messages; docs/students.md lists them too).
 
     Args:
         name: a dataset name, e.g. "mnist", "fashion-mnist", "cifar10" ("auto" means Fashion-MNIST).

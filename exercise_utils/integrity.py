@@ -16,8 +16,8 @@ Two protections, both set up *before* the student file is imported:
 
 What one Python process cannot prevent: code that runs in the same interpreter can read the
 secret from memory (``gc.get_objects()``) or restore what it patched before the probe returns.
-These take deliberate effort and leave traces in the file an instructor reads; the README's
-instructor guide says so.
+These take deliberate effort and leave traces in the file an instructor reads; docs/grading-security.md
+("What the defences cannot stop") says so.
 
 Used by :mod:`exercise_utils.rankworker` and :mod:`exercise_utils.harness` (every checker,
 01_mpi_parallel_sgd onwards).

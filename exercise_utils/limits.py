@@ -35,7 +35,7 @@ hang          60 s       per launch: how long every unfinished rank may stand st
 
 A rank that hits a limit fails its check with one line naming the limit, its value and
 where the rank was (:func:`verdict`). The defaults were sized from the solutions' own needs
-(measured by ``tests/test_limits.py``, see the instructor guide): a notebook that needs more
+(measured by ``tests/test_limits.py``, see docs/instructors.md, "Limits at grading"): a notebook that needs more
 raises the one limit (``--limit memory=4G``).
 
 Used by :mod:`.sandbox` (tmpfs sizes), :mod:`.hosts` (cgroups), :mod:`.harness` (the disk
