@@ -175,6 +175,17 @@ def line_plot(series, xlabel, ylabel, title, path, logx=False, logy=False, xtick
     return save_figure(fig, path)
 
 
+def per_variant(rows, variants):
+    """``(world_size, variant, its rows)`` for every world size (ascending) and variant (in the
+    order of ``variants``) that has rows: the groups (one row per rank) of which a benchmark's
+    summary makes one row each. Used by the benchmarks of 07 and 09 (their ``summary``)."""
+    for world in sorted({r["world_size"] for r in rows}):
+        for variant in variants:
+            mine = [r for r in rows if (r["variant"], r["world_size"]) == (variant, world)]
+            if mine:
+                yield world, variant, mine
+
+
 def save_figure(fig, path):
     """Lay out ``fig``, write it as a PNG to ``path`` (creating folders), close it; return it."""
     import matplotlib.pyplot as plt

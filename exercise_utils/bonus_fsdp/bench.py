@@ -204,16 +204,13 @@ def model_mb(variant, param_mb, world):
 def summary(rows):
     """One row per (variant, world size): the largest rank's numbers, the model's, and your
     ZeRO-3 against FSDP2 (``vs_fsdp2``: peak and step time ratios)."""
+    from ..bench import per_variant
     out = []
-    for world in sorted({r["world_size"] for r in rows}):
-        for variant in VARIANTS:
-            mine = [r for r in rows if (r["variant"], r["world_size"]) == (variant, world)]
-            if not mine:
-                continue
-            row = {k: max(r[k] for r in mine) for k in ("state_mb", "peak_mb", "step_ms")}
-            row.update(variant=variant, world_size=world, loss=mine[0]["loss"],
-                       model_mb=model_mb(variant, mine[0]["param_mb"], world))
-            out.append(row)
+    for world, variant, mine in per_variant(rows, VARIANTS):
+        row = {k: max(r[k] for r in mine) for k in ("state_mb", "peak_mb", "step_ms")}
+        row.update(variant=variant, world_size=world, loss=mine[0]["loss"],
+                   model_mb=model_mb(variant, mine[0]["param_mb"], world))
+        out.append(row)
     for row in out:
         fsdp = next(r for r in out if r["variant"] == "fsdp2"
                     and r["world_size"] == row["world_size"])

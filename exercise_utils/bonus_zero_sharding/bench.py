@@ -157,20 +157,17 @@ def summary(rows):
     """One row per (variant, world size): the largest rank's numbers, and relative to adam's
     on 1 rank (``state_vs_adam``, ``rss_vs_adam``)."""
     base = next((r for r in rows if r["variant"] == "adam" and r["world_size"] == 1), None)
+    from ..bench import per_variant
     out = []
-    for world in sorted({r["world_size"] for r in rows}):
-        for variant in VARIANTS:
-            mine = [r for r in rows if (r["variant"], r["world_size"]) == (variant, world)]
-            if not mine:
-                continue
-            row = {k: max(r[k] for r in mine) for k in ("state_mb", "rss_mb", "param_mb",
-                                                        "param_diff")}
-            row.update(variant=variant, world_size=world,
-                       state_min_mb=min(r["state_mb"] for r in mine))
-            for key in ("state", "rss"):
-                row[f"{key}_vs_adam"] = (row[f"{key}_mb"] / base[f"{key}_mb"]
-                                         if base and base[f"{key}_mb"] else None)
-            out.append(row)
+    for world, variant, mine in per_variant(rows, VARIANTS):
+        row = {k: max(r[k] for r in mine) for k in ("state_mb", "rss_mb", "param_mb",
+                                                    "param_diff")}
+        row.update(variant=variant, world_size=world,
+                   state_min_mb=min(r["state_mb"] for r in mine))
+        for key in ("state", "rss"):
+            row[f"{key}_vs_adam"] = (row[f"{key}_mb"] / base[f"{key}_mb"]
+                                     if base and base[f"{key}_mb"] else None)
+        out.append(row)
     return out
 
 
