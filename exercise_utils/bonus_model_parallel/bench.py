@@ -27,6 +27,7 @@ Rows (flat dicts, ``part`` says which), per launch of p ranks:
 Rank 0 writes JSON. Used in 10_bonus_model_parallel (:func:`run`, :func:`summary`,
 :func:`table`, :func:`plot`).
 """
+import functools
 import statistics
 import sys
 import time
@@ -145,8 +146,9 @@ def main(argv=None):
     with gloo_group(PG_TIMEOUT_S, args.threads) as (rank, world):
         start, student = time.perf_counter(), load_student(args.work)
         rows = []
+        library = functools.partial(library_rows, depth=DEPTH, warmup=WARMUP, tokens=TP_TOKENS)
         for part, measure in (("bubble", bubble_rows), ("memory", memory_rows),
-                              ("library", library_rows)):
+                              ("library", library)):
             begin = time.perf_counter()
             rows += measure(student, args, rank, world)
             if rank == 0:

@@ -249,13 +249,13 @@ def _max_over_ranks(value):
     return float(t)
 
 
-def tensor_row(student, args, rank, world):
-    """Your ParallelMLP against ColwiseParallel + RowwiseParallel: MSE loss, x needs grad (so
-    both run the backward all-reduce of f)."""
+def tensor_row(student, args, rank, world, tokens, warmup):
+    """Your ParallelMLP against ColwiseParallel + RowwiseParallel on an input of ``tokens``
+    (batch, sequence) rows, ``warmup`` untimed steps: MSE loss, x needs grad (so both run the
+    backward all-reduce of f)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
-    from .bench import TP_TOKENS, WARMUP
     d = args.tp_width
     torch.manual_seed(0)
     full = student.MLP(d, 4 * d)
@@ -263,8 +263,8 @@ def tensor_row(student, args, rank, world):
                              {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     mine = student.ParallelMLP.from_mlp(full)
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(*TP_TOKENS, d, generator=gen, requires_grad=True)
-    y = torch.randn(*TP_TOKENS, d, generator=gen)
+    x = torch.randn(*tokens, d, generator=gen, requires_grad=True)
+    y = torch.randn(*tokens, d, generator=gen)
     losses, grads = [None, None], [None, None]
 
     def step(i, model):
@@ -275,18 +275,18 @@ def tensor_row(student, args, rank, world):
             loss.backward()
             losses[i], grads[i] = float(loss.detach()), x.grad
         return one
-    times = time_interleaved([step(0, mine), step(1, lib)], WARMUP, args.iters)
+    times = time_interleaved([step(0, mine), step(1, lib)], warmup, args.iters)
     diff = _max_over_ranks(float((grads[0] - grads[1]).abs().max()))
-    return _library_row("tensor", world, times, losses, diff, width=d, tokens=list(TP_TOKENS))
+    return _library_row("tensor", world, times, losses, diff, width=d, tokens=list(tokens))
 
 
-def pipeline_row(student, args, rank, world):
-    """Your pipeline_step + one_f_one_b_order against PipelineStage + Schedule1F1B (mean loss per
-    micro-batch, gradients divided by m after the step: the whole batch's mean loss, as yours)."""
+def pipeline_row(student, args, rank, world, depth, warmup):
+    """Your pipeline_step + one_f_one_b_order against PipelineStage + Schedule1F1B on a stack of
+    ``depth`` blocks, ``warmup`` untimed steps (mean loss per micro-batch, gradients divided by
+    m after the step: the whole batch's mean loss, as yours)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    from .bench import DEPTH, WARMUP
     m, last = args.pp_microbatches, rank == world - 1
-    full = stack(args.pp_width, DEPTH)
+    full = stack(args.pp_width, depth)
     mine, lib = (copy.deepcopy(stage_of(full, world, rank)) for _ in range(2))
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(args.pp_batch, args.pp_width, generator=gen)
@@ -312,7 +312,7 @@ def pipeline_row(student, args, rank, world):
             losses[1] = sum(float(v.detach()) for v in per_mb) / m   # equal micro-batches
         else:
             schedule.step()
-    times = time_interleaved([yours, torchs], WARMUP, args.iters)
+    times = time_interleaved([yours, torchs], warmup, args.iters)
     diff = _max_over_ranks(max(float((a.grad - b.grad).abs().max())
                                for a, b in zip(mine.parameters(), lib.parameters())))
     both = torch.tensor(losses, dtype=torch.float64)
@@ -321,7 +321,10 @@ def pipeline_row(student, args, rank, world):
                         batch=args.pp_batch, m=m)
 
 
-def library_rows(student, args, rank, world):
-    """Rank 0: the rows of the tensor and pipeline comparisons; the other ranks: none."""
-    rows = [tensor_row(student, args, rank, world), pipeline_row(student, args, rank, world)]
+def library_rows(student, args, rank, world, depth, warmup, tokens):
+    """Rank 0: the rows of the tensor and pipeline comparisons; the other ranks: none.
+    ``depth``, ``warmup``, ``tokens``: :mod:`.bench`'s settings (``DEPTH``, ``WARMUP``,
+    ``TP_TOKENS``), given by it: this module imports nothing of it."""
+    rows = [tensor_row(student, args, rank, world, tokens, warmup),
+            pipeline_row(student, args, rank, world, depth, warmup)]
     return rows if rank == 0 else []
