@@ -17,7 +17,9 @@ Modules:
 * ``requirements``: each exercise's contract, clause by clause (quoted from the notebook),
   with the check cases that hold it;
 * ``probes``, ``probes_runs``, ``probes_checkpoint``: what runs inside the ranks those checks
-  start;
+  start (``probes.probe``, the launch's entry point, runs both stages);
+* ``probes_base``: what the stages share (settings, models, batches, the optimizer-state
+  readers, one lockstep step), also used by ``replay``, ``wire`` and the checks;
 * ``tries``: the try cells after each part of the file (issue 39): the memory model and the
   partition in the notebook's process, the steps and a checkpoint on 2 gloo ranks;
 * ``bench``: optimizer state and memory per rank against AdamW and ``ZeroRedundancyOptimizer``.

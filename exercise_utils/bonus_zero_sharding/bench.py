@@ -71,7 +71,7 @@ def state_bytes(opt):
     optimizer; else that of every optimizer among its attributes (``.optim``, the local one,
     for yours and for ZeroRedundancyOptimizer)."""
     import torch
-    from .probes import optimizers
+    from .probes_base import optimizers
     holders = optimizers(opt) or ([opt] if isinstance(opt, torch.optim.Optimizer) else [])
     return sum(v.numel() * v.element_size() for o in holders for s in o.state.values()
                for v in s.values() if isinstance(v, torch.Tensor))

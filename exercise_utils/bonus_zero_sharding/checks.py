@@ -38,7 +38,7 @@ import numpy as np
 from ..contract import CheckFailure, fail
 from ..notebook_files import no_file, unimplemented, unwritten
 from ..harness import HANG_AFTER, check, observing, run_ranks
-from . import probes, replay, wire
+from . import probes, probes_base, replay, wire
 from .checks_memory import check_memory, expected_bytes  # noqa: F401 - the CHECK cell imports
 from .checks_sharded import (TIGHT, check_grads, check_groups, check_partitions, check_state,
                              check_train, compare)
@@ -142,7 +142,7 @@ def sharded_results(path, size):
 @check
 def check_runs(res, size):
     """The runs that change one dimension of the baseline, in the order the probe ran them."""
-    short = f"{probes.SHORT} AdamW steps"
+    short = f"{probes_base.SHORT} AdamW steps"
     for rank, out in enumerate(res):
         run = out["float64"]
         wrong = {n: d for n, d in run["dtypes"].items() if d != "float64"}
@@ -171,9 +171,9 @@ def check_runs(res, size):
                 "its local optimizer (groups without parameters are allowed), steps it, and "
                 "makes every collective call the others make")
     for rank, out in enumerate(res):
-        compare("optimizer-cls", rank, size, out["sgd"], f"{probes.SHORT} steps of SGD "
-                f"(momentum {probes.SGD['momentum']})", "build the optimizer_cls you are given "
-                "(here torch.optim.SGD), with the kwargs given, not AdamW")
+        compare("optimizer-cls", rank, size, out["sgd"], f"{probes_base.SHORT} steps of SGD "
+                f"(momentum {probes_base.SGD['momentum']})", "build the optimizer_cls you are "
+                "given (here torch.optim.SGD), with the kwargs given, not AdamW")
     for rank, out in enumerate(res):
         for key, given in (("generator", "model.parameters() (a generator)"),
                            ("dicts", "a list of dicts, two groups with their own settings")):
@@ -209,13 +209,14 @@ def _check_zeros(rank, size, zeros):
 
 def _switching(steps):
     """Which branch of the probe's Switch model had a gradient at each of ``steps``, in words."""
-    return ", ".join(f"step {s + 1}: {probes.branch(s)}" for s in steps)
+    return ", ".join(f"step {s + 1}: {probes_base.branch(s)}" for s in steps)
 
 
 def _check_switch(rank, size, run):
     """The Switch model: branch a has a gradient at steps 1 and 3, b at step 2 only."""
-    what = (f"a model whose forward uses one branch per step ({_switching(range(probes.SHORT))}"
-            f"; only that branch's parameters get a gradient)")
+    what = (f"a model whose forward uses one branch per step "
+            f"({_switching(range(probes_base.SHORT))}; only that branch's parameters get a "
+            f"gradient)")
     for step, grads in enumerate(run["grads"]):
         left = [n for n, state in grads.items() if state != "none"]
         if left:
@@ -223,7 +224,7 @@ def _check_switch(rank, size, run):
                  f"{step + 1} and zero_grad(), {left[:4]} still had a gradient: which "
                  f"parameters have one changes from step to step: reset every parameter that "
                  f"has a .grad now, not a list of those that had one at the first step")
-    compare("step-varying", rank, size, run, f"{probes.SHORT} AdamW steps of {what}", "which "
+    compare("step-varying", rank, size, run, f"{probes_base.SHORT} AdamW steps of {what}", "which "
             "parameters have a gradient changes from step to step: at every step the local "
             "optimizer updates those that have one now (b.* first at step 2; a.* has none "
             "then) and every rank receives their new values: look at every .grad at every "
@@ -240,14 +241,14 @@ def _check_closure(rank, size, run):
             fail("step-closure", f"rank {rank}: step(closure) returned a {got['type']} "
                  f"({got['value']}); the local optimizer's step returned the closure's loss "
                  f"({got['loss']}): return what it returned")
-    compare("step-closure", rank, size, run, f"{probes.SHORT} steps with step(closure)",
+    compare("step-closure", rank, size, run, f"{probes_base.SHORT} steps with step(closure)",
             "the closure computes the gradients: the local step must run it before updating")
 
 
 def _check_scheduler(res, size):
     """StepLR accepts the sharded optimizer; its lr changes, and reaches the local optimizer."""
     call = ("torch.optim.lr_scheduler.StepLR(ShardedOptimizer(..., lr={lr:g}), step_size="
-            "{step_size}, gamma={gamma})").format(lr=probes.LR, **probes.SCHED)
+            "{step_size}, gamma={gamma})").format(lr=probes_base.LR, **probes_base.SCHED)
     for rank, sched in enumerate(out["scheduler"] for out in res):
         if "error" in sched:
             fail("scheduler-accepts", f"rank {rank}: {call} raised {sched['error']}. "
@@ -260,7 +261,7 @@ def _check_scheduler(res, size):
                  f"ShardedOptimizer.param_groups after each scheduler step was {lrs}; AdamW's "
                  f"under the same scheduler: {want}. param_groups must be the full groups the "
                  f"scheduler edits")
-        compare("scheduler-values", rank, size, sched, f"{probes.SCHED_STEPS} steps under "
+        compare("scheduler-values", rank, size, sched, f"{probes_base.SCHED_STEPS} steps under "
                 f"{call}", f"param_groups had the scheduler's lr {sched['lrs']}: step() must "
                 f"copy the hyper-parameters of param_groups to the local optimizer first "
                 f"(_sync_hyperparameters)")

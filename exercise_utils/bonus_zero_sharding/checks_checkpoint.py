@@ -18,7 +18,7 @@ import numpy as np
 
 from ..harness import check
 from ..contract import fail
-from . import probes, replay
+from . import probes_base, replay
 from .checks import TIMEOUT, sharded_results, stage_results
 from .checks_sharded import ATOL, RTOL, TIGHT, compare, expected_owners
 
@@ -100,7 +100,7 @@ def check_loaded(res, size):
     """The fresh optimizers that loaded a state dict: shard only, groups' settings, values."""
     nets = [out["net"] for out in res]
     holders = {n: [r for r, net in enumerate(nets) if n in net["loaded_state"]]
-               for n in probes.numels()}
+               for n in probes_base.numels()}
     owners = expected_owners(size)
     for name, ranks in holders.items():
         if ranks != [owners[name]]:
@@ -115,8 +115,8 @@ def check_loaded(res, size):
                      f"{mine['hyper']}; the state dict's group has {ref['hyper']}: load every "
                      f"group's hyper-parameters into self.param_groups too (step() copies them "
                      f"to the local optimizer)")
-    what = (f"load_state_dict, then {probes.MORE_STEPS} steps (a fresh ShardedOptimizer built "
-            f"with lr={10 * probes.LR:g})")
+    what = (f"load_state_dict, then {probes_base.MORE_STEPS} steps (a fresh ShardedOptimizer built "
+            f"with lr={10 * probes_base.LR:g})")
     for rank, net in enumerate(nets):
         compare("load-values", rank, size, {"final": net["loaded_final"],
                                             "ref": net["ref_final"]},
@@ -137,9 +137,9 @@ def _check_switch(res, size):
     first one; and by a fresh optimizer that loaded the first state dict and trained alike."""
     runs = [out["switch"] for out in res]
     model = (f"a model whose forward uses one branch per step (step 1: a, step 2: b, step "
-             f"{probes.SHORT}: a)")
-    first = f"{probes.SHORT} steps of {model}, consolidate_state_dict() (c.* and spare.* never " \
-            f"had a gradient: no state, no entry)"
+             f"{probes_base.SHORT}: a)")
+    first = f"{probes_base.SHORT} steps of {model}, consolidate_state_dict() (c.* and " \
+            f"spare.* never had a gradient: no state, no entry)"
     check_consolidated("checkpoint-varying", [r["first"] for r in runs], size, first)
     for rank, run in enumerate(runs):
         _loadable("checkpoint-varying", run["first"], size)

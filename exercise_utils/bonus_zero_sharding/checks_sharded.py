@@ -12,7 +12,7 @@ import numpy as np
 
 from ..harness import check
 from ..contract import fail
-from . import probes
+from . import probes, probes_base
 
 ATOL = RTOL = 1e-6           # float32: both optimizers see bitwise the same gradients
 TIGHT = (1e-12, 1e-10)       # float64: nothing may pass through float32 on the way
@@ -105,14 +105,15 @@ def compare(case, rank, size, out, what, promise, tol=(ATOL, RTOL)):
 def check_train(res, size):
     """The baseline's parameters, body first (a broadcast that never came, a wrong update),
     then the head's group added with its own hyper-parameters."""
-    what = f"{probes.STEPS} AdamW steps"
+    what = f"{probes_base.STEPS} AdamW steps"
     for rank, out in enumerate(res):
         built = out["train"]["built"]
         if built != 1:
             fail("optimizer-cls", f"rank {rank}: optimizer_cls was called {built} times while "
                  f"one ShardedOptimizer was built and trained (a group added after "
-                 f"{probes.ADD_AT} steps): call it once, in __init__, and add every later group "
-                 f"to that optimizer with add_param_group (a new one would lose the state)")
+                 f"{probes_base.ADD_AT} steps): call it once, in __init__, and add every later "
+                 f"group to that optimizer with add_param_group (a new one would lose the "
+                 f"state)")
     for head in (False, True):
         for rank, out in enumerate(res):
             run, owned = out["train"], set(out["train"]["state"])
@@ -127,9 +128,10 @@ def check_train(res, size):
                          f"(dist.broadcast from the owner)")
                 if head:
                     compare("add-group-hyper", rank, size, run, what,
-                            f"{name} belongs to the group added before step {probes.ADD_AT} "
-                            f"with add_param_group({{'params': ..., 'lr': {probes.HEAD['lr']}, "
-                            f"'weight_decay': {probes.HEAD['weight_decay']}}}): its "
+                            f"{name} belongs to the group added before step "
+                            f"{probes_base.ADD_AT} with add_param_group({{'params': ..., "
+                            f"'lr': {probes_base.HEAD['lr']}, "
+                            f"'weight_decay': {probes_base.HEAD['weight_decay']}}}): its "
                             f"hyper-parameters must be kept, in the local optimizer too")
                 compare("step-values", rank, size, run, what,
                         "step the local optimizer (built with the kwargs given) over this "
@@ -156,7 +158,7 @@ def check_grads(res, size):
 @check
 def check_state(res, size):
     """Each parameter's state on exactly one rank, balanced, on the rank the partition gives."""
-    numels = probes.numels()
+    numels = probes_base.numels()
     for rank, out in enumerate(res):
         run = out["train"]
         if run["state"].get("<other>"):
@@ -178,7 +180,7 @@ def check_state(res, size):
                  f"this rank's parameters only, not over all of them")
         if not ranks:
             fail("state-one-rank", f"with {size} ranks no rank holds optimizer state for {name} "
-                 f"after {probes.STEPS} steps: every parameter must be owned (and updated) by "
+                 f"after {probes_base.STEPS} steps: every parameter must be owned (and updated) by "
                  f"exactly one rank")
     elements = [sum(out["train"]["state"].values()) for out in res]
     ideal = sum(elements) / size
@@ -193,7 +195,7 @@ def check_state(res, size):
 
 def expected_owners(size):
     """{name: owner} of the baseline: the body's group, then the head's from the loads."""
-    numels, loads, want = probes.numels(), [0] * size, {}
+    numels, loads, want = probes_base.numels(), [0] * size, {}
     for prefix in ("body.", "head."):
         names = [n for n in numels if n.startswith(prefix)]
         owners = greedy([numels[n] for n in names], size, loads)
@@ -206,7 +208,7 @@ def expected_owners(size):
 @check
 def check_owners(held, size, loads_case, case, what):
     """``held`` ({name: rank holding its state}) against the partition of each group in turn."""
-    numels, want = probes.numels(), expected_owners(size)
+    numels, want = probes_base.numels(), expected_owners(size)
     if held == want:
         return
     head = [n for n in numels if n.startswith("head.")]

@@ -21,8 +21,8 @@ import copy
 import torch
 import torch.distributed as dist
 
-from .probes import (ADAMW, HEAD, LR, MORE_STEPS, SHORT, STEPS, WEIGHT_DECAY, arrays,
-                     groups_info, lockstep, measure_state, named)
+from .probes_base import (ADAMW, HEAD, LR, MORE_STEPS, SHORT, STEPS, WEIGHT_DECAY, arrays,
+                          groups_info, lockstep, measure_state, named)
 
 
 def state_dict(opt):

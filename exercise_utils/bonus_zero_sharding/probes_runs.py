@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .probes import (ADAMW, ADD_AT, BUILT, HEAD, SCHED, SCHED_STEPS, SGD, SHORT, STEPS,
-                     CountingAdamW, CountingSGD, _elements, averaged_grads, batch, copy_grads,
-                     grad_states, grads_of, groups_info, lockstep, make_model, measure_state,
-                     named, optimizers)
+from .probes_base import (ADAMW, ADD_AT, BUILT, HEAD, SCHED, SCHED_STEPS, SGD, SHORT, STEPS,
+                          CountingAdamW, CountingSGD, _elements, averaged_grads, batch,
+                          copy_grads, grad_states, grads_of, groups_info, lockstep, make_model,
+                          measure_state, named, optimizers)
 
 
 def _listed(model):

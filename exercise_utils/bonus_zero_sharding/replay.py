@@ -18,19 +18,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import probes
+from . import probes_base
 from .probes_runs import RUNS, _listed
 
 GRAD_TOL = {"float32": 1e-4, "float64": 1e-10}   # relative, of the largest gradient entry
 
 DEFAULT = dict(kind="net", dtype="float32", params=_listed, ref_cls=torch.optim.AdamW,
-               hyper=probes.ADAMW, adds=(), steps=probes.SHORT, closure=False, sched=False)
+               hyper=probes_base.ADAMW, adds=(), steps=probes_base.SHORT, closure=False,
+               sched=False)
 SPECS = {
-    "train": dict(params=lambda m: list(m.body.parameters()), steps=probes.STEPS,
-                  adds=[(probes.ADD_AT, lambda m: {"params": list(m.head.parameters()),
-                                                   **probes.HEAD})]),
+    "train": dict(params=lambda m: list(m.body.parameters()), steps=probes_base.STEPS,
+                  adds=[(probes_base.ADD_AT, lambda m: {"params": list(m.head.parameters()),
+                                                        **probes_base.HEAD})]),
     "closure": dict(closure=True),
-    "scheduler": dict(steps=probes.SCHED_STEPS, sched=True),
+    "scheduler": dict(steps=probes_base.SCHED_STEPS, sched=True),
     **{name: {k: v for k, v in spec.items() if k != "cls"} for name, spec in RUNS.items()},
 }
 
@@ -40,7 +41,7 @@ def averaged(model, kind, dtype, step, size):
     total = {}
     for rank in range(size):
         model.zero_grad(set_to_none=True)
-        x, y = probes.batch(kind, step, rank, dtype)
+        x, y = probes_base.batch(kind, step, rank, dtype)
         F.cross_entropy(model(x), y).backward()
         for n, p in model.named_parameters():
             if p.grad is not None:
@@ -75,9 +76,9 @@ class Replay:
         self.spec = spec = {**DEFAULT, **SPECS[name]}
         self.kind, self.dtype, self.size = spec["kind"], spec["dtype"], size
         with torch.random.fork_rng(devices=[]):     # (make_model seeds: not the caller's RNG)
-            self.model = probes.make_model(self.kind, self.dtype)
+            self.model = probes_base.make_model(self.kind, self.dtype)
         self.opt = spec["ref_cls"](spec["params"](self.model), **spec["hyper"])
-        self.sched = (torch.optim.lr_scheduler.StepLR(self.opt, **probes.SCHED)
+        self.sched = (torch.optim.lr_scheduler.StepLR(self.opt, **probes_base.SCHED)
                       if spec["sched"] else None)
         self.lrs, self.params = [], dict(self.model.named_parameters())
 
@@ -111,13 +112,13 @@ class Replay:
         self.model.zero_grad(set_to_none=True)
 
     def result(self):
-        return {"ref": probes.named(self.model),
-                "ref_groups": probes.groups_info(self.opt.param_groups, self.model),
+        return {"ref": probes_base.named(self.model),
+                "ref_groups": probes_base.groups_info(self.opt.param_groups, self.model),
                 "ref_lrs": self.lrs}
 
     def state(self):
-        """The optimizer's state dict as the probe records it (:func:`.probes.arrays`)."""
-        return probes.arrays(self.opt.state_dict())
+        """The optimizer's state dict as the probe records it (:func:`.probes_base.arrays`)."""
+        return probes_base.arrays(self.opt.state_dict())
 
 
 def reference(name, size, seen):
@@ -154,27 +155,27 @@ def judge_checkpoint(res, size, sharded):
         before = sharded[rank] if sharded and rank < len(sharded) else {}
         net = out.get("net")
         if isinstance(net, dict) and "default" in net:
-            replay = Replay("train", size).run(range(probes.STEPS),
+            replay = Replay("train", size).run(range(probes_base.STEPS),
                                                before.get("train", {}).get("seen"))
             for key in ("default", "last"):
                 if isinstance(net.get(key), dict):
                     net[key]["ref"] = replay.state()
             replay.opt.param_groups[0]["lr"] *= 0.5
             seen = net.get("seen") if isinstance(net.get("seen"), list) else []
-            replay.run(range(probes.STEPS, probes.STEPS + 2), seen[:2])
+            replay.run(range(probes_base.STEPS, probes_base.STEPS + 2), seen[:2])
             replay.opt.param_groups[0]["lr"] *= 0.5     # halved again before consolidating
             if isinstance(net.get("fresh"), dict):
                 net["fresh"]["ref"] = replay.state()
             net["ref_groups"] = replay.result()["ref_groups"]
-            replay.run(range(probes.STEPS + 2, probes.STEPS + 2 + probes.MORE_STEPS),
+            replay.run(range(probes_base.STEPS + 2, probes_base.STEPS + 2 + probes_base.MORE_STEPS),
                        seen[2:])
             net["ref_final"] = replay.result()["ref"]
         trip = out.get("switch")
         if isinstance(trip, dict) and isinstance(trip.get("first"), dict):
-            replay = Replay("switch", size).run(range(probes.SHORT),
+            replay = Replay("switch", size).run(range(probes_base.SHORT),
                                                 before.get("switch", {}).get("seen"))
             trip["first"]["ref"] = replay.state()
-            replay.run(range(probes.SHORT + 1, probes.SHORT + 3), trip.get("seen"))
+            replay.run(range(probes_base.SHORT + 1, probes_base.SHORT + 3), trip.get("seen"))
             for key in ("again", "resumed"):
                 if isinstance(trip.get(key), dict):
                     trip[key]["ref"] = replay.state()
@@ -185,10 +186,10 @@ def judge_checkpoint(res, size, sharded):
             trip = out.get(name)
             if not isinstance(trip, dict) or "ref" not in trip:
                 continue
-            replay = Replay(name, size).run(range(probes.SHORT),
+            replay = Replay(name, size).run(range(probes_base.SHORT),
                                             before.get(name, {}).get("seen"))
             trip["ref"] = replay.state()
             if "ref_final" in trip:
-                replay.run(range(probes.SHORT + 1, probes.SHORT + 3), trip.get("seen"))
+                replay.run(range(probes_base.SHORT + 1, probes_base.SHORT + 3), trip.get("seen"))
                 trip["ref_final"] = replay.result()["ref"]
     return res

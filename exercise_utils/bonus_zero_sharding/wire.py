@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import wire
-from . import probes
+from . import probes, probes_base
 from .checks_sharded import greedy
 from .replay import DEFAULT, SPECS
 
@@ -42,14 +42,14 @@ class Run:
     def __init__(self, name):
         self.spec = {**DEFAULT, **SPECS[name]}
         with torch.random.fork_rng(devices=[]):
-            self.model = probes.make_model(self.spec["kind"], self.spec["dtype"])
+            self.model = probes_base.make_model(self.spec["kind"], self.spec["dtype"])
         self.at(0)
 
     def at(self, step):
         """The gradients of ``step`` (which parameters have one may change from step to step:
         the Switch model), on rank 0's batch."""
         self.model.zero_grad(set_to_none=True)
-        x, y = probes.batch(self.spec["kind"], step, 0, self.spec["dtype"])
+        x, y = probes_base.batch(self.spec["kind"], step, 0, self.spec["dtype"])
         F.cross_entropy(self.model(x), y).backward()
         return self
 
@@ -166,21 +166,22 @@ def checkpoint_calls(size):
     def add(calls):
         least.extend(calls[0])
         most.extend(calls[1])
-    net, last = Run("train"), probes.STEPS - 1
+    net, last = Run("train"), probes_base.STEPS - 1
     add(consolidation(net, size, last, 0))
     add(consolidation(net, size, last, size - 1))
-    add(net.steps(range(probes.STEPS, probes.STEPS + 2), size))
+    add(net.steps(range(probes_base.STEPS, probes_base.STEPS + 2), size))
     add(consolidation(net, size, last, 1 % size))
-    add(net.steps(range(probes.STEPS + 2, probes.STEPS + 2 + probes.MORE_STEPS), size, 2))
+    add(net.steps(range(probes_base.STEPS + 2, probes_base.STEPS + 2 + probes_base.MORE_STEPS),
+                  size, 2))
     for name in ("float64", "edge"):
         run = Run(name)
-        add(consolidation(run, size, probes.SHORT - 1, 0))
-        add(run.steps(range(probes.SHORT + 1, probes.SHORT + 3), size))
-    run, last = Run("switch"), probes.SHORT + 2
-    add(consolidation(run, size, probes.SHORT - 1, 0))
-    add(run.steps(range(probes.SHORT + 1, probes.SHORT + 3), size))
+        add(consolidation(run, size, probes_base.SHORT - 1, 0))
+        add(run.steps(range(probes_base.SHORT + 1, probes_base.SHORT + 3), size))
+    run, last = Run("switch"), probes_base.SHORT + 2
+    add(consolidation(run, size, probes_base.SHORT - 1, 0))
+    add(run.steps(range(probes_base.SHORT + 1, probes_base.SHORT + 3), size))
     add(consolidation(run, size, last, size - 1))
-    add(run.steps(range(probes.SHORT + 1, probes.SHORT + 3), size))     # the resumed one
+    add(run.steps(range(probes_base.SHORT + 1, probes_base.SHORT + 3), size))     # the resumed one
     add(consolidation(run, size, last, 1 % size))
     return least, most
 
