@@ -252,7 +252,7 @@ def sandbox_policy(args, course):
     (exercise_utils.sandbox), hiding solutions/, tests/, .git, the course folder (gradebook,
     sources, every submission; the kernel's own submission folder is bound back), Jupyter's
     runtime folder (kernel connection files) and the judge's modules (checks, requirements,
-    expected values: sandbox.judge_files); {} with --unsafe. Raises CourseError (the
+    expected values: sides.judge_files); {} with --unsafe. Raises CourseError (the
     refusal) where no sandbox can run and --unsafe was not given."""
     from exercise_utils import sandbox
     if args.unsafe:

@@ -1,7 +1,7 @@
 """No expected answer on the student side (issue 35, item 4).
 
 At grading a rank can import every module of ``exercise_utils`` a rank needs (the student side:
-``sandbox.student_side``); the judge's modules are hidden. So a value the judge compares
+``sides.student_side``); the judge's modules are hidden. So a value the judge compares
 with must not come from the student side, unless no rank can rebuild it: the judge's
 references computed from every rank's inputs, each rank's derived from a number only it and
 the judge know (salted), or inputs and case tables (what a rank is given anyway).
@@ -16,7 +16,7 @@ import ast
 import re
 from pathlib import Path
 
-from exercise_utils import sandbox
+from exercise_utils import sides
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "exercise_utils"
@@ -75,8 +75,7 @@ ALLOWED = {
                                                        "bn_data": SALTED, "bn_layer": INPUT,
                                                        "bn_rows": SALTED, "bn_run": SALTED},
     "torch_distributed_collectives.probes_ring": {"GROUPS": CASES, "GROUP_CASE0": CONSTANT,
-                                                  "GROUP_CASES": CASES, "P2P": CONSTANT,
-                                                  "SENDS": CONSTANT, "group_of": INPUT,
+                                                  "GROUP_CASES": CASES, "group_of": INPUT,
                                                   "ring_cases": CASES, "ring_sum": SALTED},
 }
 ANSWER_LIKE = re.compile(r"ref|expected|order|answer|solution|run|sum", re.I)
@@ -85,7 +84,7 @@ ANSWER_LIKE = re.compile(r"ref|expected|order|answer|solution|run|sum", re.I)
 def judge_imports(package=PACKAGE):
     """``{student-side module (without exercise_utils.): {names a judge module imports}}`` in
     ``package`` (a copy of exercise_utils: the student side is the real one's)."""
-    side = sandbox.student_side()
+    side = sides.student_side()
     top = package.parent
     mods = {".".join(p.relative_to(top).with_suffix("").parts).removesuffix(".__init__"): p
             for p in package.rglob("*.py")}
@@ -136,5 +135,5 @@ def test_the_scan_sees_an_answer_moved_back_to_the_student_side(tmp_path):
     copy = tmp_path / "exercise_utils"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     checks_pp = copy / "bonus_model_parallel" / "checks_pp.py"
-    checks_pp.write_text(checks_pp.read_text() + "\nfrom .probes_pp import P2P\n")
-    assert unknown(judge_imports(copy)) == {"bonus_model_parallel.probes_pp": ["P2P"]}
+    checks_pp.write_text(checks_pp.read_text() + "\nfrom .probes_pp import BAD_ARGS\n")
+    assert unknown(judge_imports(copy)) == {"bonus_model_parallel.probes_pp": ["BAD_ARGS"]}

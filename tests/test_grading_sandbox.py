@@ -19,7 +19,7 @@ import nbformat
 import psutil
 import pytest
 
-from exercise_utils import sandbox
+from exercise_utils import sandbox, sides
 from exercise_utils.processes import kill_processes
 from grading import autograde, check_outputs
 from test_cheats import checker_for
@@ -130,7 +130,7 @@ def test_a_launch_under_the_policy_sees_only_its_submission(bwrap, tmp_path):  #
     since the rank has a pid namespace of its own."""
     course, folder, _ = submission(tmp_path, "01_mpi_parallel_sgd", "")
     (course / "submitted" / "other" / "01_mpi_parallel_sgd").mkdir(parents=True)
-    pyc = [str(p) for p in sandbox.judge_files() if p.suffix == ".pyc"]
+    pyc = [str(p) for p in sides.judge_files() if p.suffix == ".pyc"]
     outsider = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     code = PROBE % {"root": str(ROOT), "course": str(course), "judge": os.getpid(), "pyc": pyc,
                     "outsider": outsider.pid}

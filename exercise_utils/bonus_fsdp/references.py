@@ -2,7 +2,7 @@
 batches every rank's part is cut from), as the checks compare the ranks' results with them.
 
 Computed in the checker, never in a rank: at grading this module is hidden from the student's
-processes (:func:`exercise_utils.sandbox.judge_files`). :func:`attach` puts them into a rank's
+processes (:func:`exercise_utils.sides.judge_files`). :func:`attach` puts them into a rank's
 result under the keys the checks read (``ref``, ``ref_outputs``, ``ref_keys``), computed once
 per stage, world size and the ranks' salts (at grading each rank's batches derive from a number
 only it was given: :func:`.nets.combined`), with one intra-op thread as in the ranks (the same

@@ -1,5 +1,5 @@
 """The GPipe and 1F1B orders notebook 10's pipeline checks expect (the judge's: no rank can
-import them at grading, :func:`exercise_utils.sandbox.judge_files`; a rank that could would
+import them at grading, :func:`exercise_utils.sides.judge_files`; a rank that could would
 return them from ``gpipe_order`` / ``one_f_one_b_order``). The pipeline's ranks get the orders
 of their own runs as the probe's arguments (:func:`stage_orders`).
 

@@ -1,7 +1,7 @@
 """The judge's references for notebook 06: single-process SGD on the combined batches the probes
 gave the ranks (:func:`replay`, :func:`reference`), which the checks compare the ranks' results
 with. Computed in the checker, never in a rank: at grading this module is hidden from the
-student's processes (:func:`exercise_utils.sandbox.judge_files`); the models and batches both
+student's processes (:func:`exercise_utils.sides.judge_files`); the models and batches both
 sides use are :mod:`.reference`'s.
 
 Used in 06_build_your_own_ddp (:mod:`.checks`, :mod:`.checks_overlap`).
