@@ -15,7 +15,8 @@ ordinary ``send`` / ``recv`` with their sizes and peers (a ring built on them is
 collectives are logged under their qualified name (``ProcessGroup.allreduce``), which a check
 reports as an integrity violation.
 
-Used in 03_torch_distributed_collectives (the ring all-reduce's recorder).
+Used by :mod:`exercise_utils.recorder` (the recorders of 03_torch_distributed_collectives,
+06_build_your_own_ddp, 09_bonus_fsdp and 10_bonus_model_parallel).
 """
 import contextlib
 
