@@ -10,7 +10,7 @@ session, its zygote and the ``@check`` decorator), ``hostlaunch`` (a check's lau
 its own, bytes read on the wire), ``reports`` (what the ranks report, read by the judge),
 ``stops`` (why a launch was stopped: hangs, limits, time), ``compare`` (the judge's
 comparisons and likely causes), ``zygote`` (MPI ranks
-forked from one process that imported torch once), ``contract`` (each exercise's clauses and
+forked from one process that imported torch once; ``forking``: what such a child needs), ``contract`` (each exercise's clauses and
 the check case that holds each; a check's verdict), ``heartbeat`` (tell a
 hang from a slow machine), ``integrity`` (signed results, guarded checker code), ``pgwatch`` (collectives that bypass
 ``torch.distributed``'s functions), ``bench`` (timing,
@@ -20,8 +20,10 @@ shaped links, on one machine) with ``netns`` (the namespaces; those a dead owner
 and ``links`` (link rates, shaping, byte counters), ``hosts`` (at grading, each rank of a check
 on a host of its own) with ``hostranks`` (the launcher that asks each host's zygote for its
 rank), ``hostsweep`` (what a check left on the hosts, removed) and ``hostlimits`` (the hosts'
-cgroups), ``sandbox`` (student code in bubblewrap at grading) and
-``display`` (what a student sees of a check: one line, or a short box) and ``tries`` (the try
+cgroups), ``sandbox`` (student code in bubblewrap at grading) with ``sides`` (which modules
+ranks may import, which are the judge's and hidden) and
+``display`` (what a student sees of a check: one line, or a short box), ``progress`` (what
+a student sees while something runs: a check's line, a launch's bars) and ``tries`` (the try
 cells after each part of an exercise: the part run on 2 ranks, what it computed printed).
 
 One package per notebook, named after the notebook's stem without ``NN_`` (each package's

@@ -8,7 +8,6 @@ Used in 01_mpi_parallel_sgd and later notebooks.
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -261,20 +260,6 @@ def rank_rows(benchmark, args, pg_timeout):
         if rank == 0:
             save_rows(rows, args, start)
     return rank, rows
-
-
-def exit_without_teardown(code=0):
-    """End a launched rank whose work is done and written: flush its output, then leave at once
-    (``os._exit``) without the interpreter's teardown. There a C++ thread torch still holds
-    (gloo's, the DataLoader's, FSDP2's, ZeroRedundancyOptimizer's, a pipelining schedule's)
-    can end the rank with "terminate called without an active exception" (SIGABRT: once in
-    09's benchmark, once in a CI-like run of 04's trainer, 2 of 10 two-node jobs of 05's
-    hello on a loaded 2-core machine), which its launcher reports as a failed rank. Used by
-    the benchmarks of 07, 09 and 10, 10's network sweep, 04's spawned ranks (``runner``) and
-    the workers 05's checks fork (``agent``)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def torchrun_rows(module, world_sizes, out, args, timeout, echo=True, threads=1, env=None):

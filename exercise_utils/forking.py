@@ -5,7 +5,8 @@ interpreter would be: the parent's objects frozen out of its collector's way
 cleanup (:func:`exit_flushed`).
 
 Owns the three. Called by :mod:`.zygote` (its ranks and torchrun jobs), :mod:`.rankworker`
-(ranks forked by ``--spawn``) and :mod:`.spawn_template` (notebook 02's spawn workers); a leaf:
+(ranks forked by ``--spawn``), :mod:`.spawn_template` (notebook 02's spawn workers) and
+the launched benchmarks and ranks of 04, 05, 07, 09 and 10 (their ends); a leaf:
 it imports nothing of the course.
 """
 import os
@@ -25,7 +26,14 @@ def freeze_for_fork():
 
 def exit_flushed(code):
     """Flush Python's stdout and stderr, then leave at once with ``code``: a forked child
-    (a rank, a spawn worker of :mod:`.spawn_template`) runs no cleanup of its parent's."""
+    (a rank, a spawn worker of :mod:`.spawn_template`) runs no cleanup of its parent's. Also
+    the end of a launched rank whose work is done and written (the benchmarks of 07, 09 and
+    10, 10's network sweep, 04's spawned ranks, the workers 05's checks fork): without the
+    interpreter's teardown, where a C++ thread torch still holds (gloo's, the DataLoader's,
+    FSDP2's, ZeroRedundancyOptimizer's, a pipelining schedule's) can end the rank with
+    "terminate called without an active exception" (SIGABRT: once in 09's benchmark, once in
+    a CI-like run of 04's trainer, 2 of 10 two-node jobs of 05's hello on a loaded 2-core
+    machine), which its launcher reports as a failed rank."""
     try:
         sys.stdout.flush()
         sys.stderr.flush()

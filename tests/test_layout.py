@@ -18,7 +18,7 @@ CORE = {"config", "data", "models", "launch", "launch_many", "processes", "harne
         "sandbox", "display", "hosts", "wire", "spawn_template", "limits", "tries",
         "compare", "stops", "reports", "sessions", "hostlaunch",
         "netns", "links", "hostranks", "hostsweep", "hostlimits",
-        "outcomes", "ports", "commands"}
+        "outcomes", "ports", "commands", "progress", "sides", "forking"}
 OLD_KINDS = re.compile(r"^(checks_\w+|\w+_probe|\w+_bench|\w+_experiments?)$")
 DOTTED = re.compile(r"exercise_utils(?:\.\w+)+")
 
@@ -192,3 +192,142 @@ def test_rules_catch_wrong_inputs(tmp_path):
                                     "checks.py: exercise_utils.shared_memory_hogwild.train",
                                     "probes.py: from ...x"]
     assert listed_modules(pkg / "__init__.py") == ["checks", "gone"] != modules_of(pkg)
+
+
+# ------------------------------------------------------------------ a core without knots
+CORE_LINES = 400        # the most lines a core module may have (COURSE_DESIGN: Style)
+REPEAT = 6              # this many significant lines repeated in two places is one too many
+PASSED_OVER = re.compile(r"^(#.*|[\s)\]}(\[{,:;]*|(import|from)\s.*)$")
+
+
+def long_modules(folder=PACKAGE, most=CORE_LINES):
+    """``{module: lines}`` of the core modules (the package's top level) over ``most`` lines."""
+    return {p.name: n for p in sorted(Path(folder).glob("*.py"))
+            if (n := len(p.read_text().splitlines())) > most}
+
+
+def import_graph(folder=PACKAGE, package="exercise_utils"):
+    """``{module: modules of the package it imports}``, imports inside functions included (a
+    lazy import is still a dependency: it only hides the circle until the call)."""
+    folder = Path(folder)
+    names = {}
+    for path in folder.rglob("*.py"):
+        parts = path.relative_to(folder).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        names[".".join((package, *parts))] = path
+    graph = {}
+    for name, path in names.items():
+        here = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = here.split(".")[:len(here.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                found = [f"{base}.{a.name}" if f"{base}.{a.name}" in names else base
+                         for a in node.names]
+            else:
+                continue
+            deps |= {f for f in found if f in names and f != name}
+        graph[name] = deps
+    return graph
+
+
+def circles(graph):
+    """The import circles of ``graph``: each a sorted list of the modules that reach each
+    other (strongly connected components of two or more)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def repeated_blocks(texts, size=REPEAT):
+    """Places where ``size`` significant lines (white space folded; blank lines, comments,
+    imports and lone brackets passed over) stand again elsewhere, the same to the letter:
+    ``[[(file, first line, last line), ...], ...]``, overlapping windows of one run merged."""
+    seen = {}
+    for name, text in texts.items():
+        lines = [(no, " ".join(line.split())) for no, line in enumerate(text.splitlines(), 1)]
+        lines = [(no, s) for no, s in lines if s and not PASSED_OVER.match(s)]
+        for i in range(len(lines) - size + 1):
+            key = tuple(s for _, s in lines[i:i + size])
+            seen.setdefault(key, []).append((name, lines[i][0], lines[i + size - 1][0]))
+    runs = []
+    for places in seen.values():
+        apart = []
+        for p in places:
+            if not any(q[0] == p[0] and p[1] <= q[2] and q[1] <= p[2] for q in apart):
+                apart.append(p)
+        if len(apart) > 1:
+            for run in runs:        # the next window of a run already found: grow it
+                if all(r[0] == a[0] and r[1] < a[1] <= r[2] + 1 for r, a in zip(run, apart)) \
+                        and len(run) == len(apart):
+                    run[:] = [(r[0], r[1], a[2]) for r, a in zip(run, apart)]
+                    break
+            else:
+                runs.append(apart)
+    return runs
+
+
+def test_no_core_module_is_over_its_lines():
+    assert long_modules() == {}, (
+        f"core modules over {CORE_LINES} lines: split them along the seams their docstrings "
+        "name (each new module's docstring says what it owns and who calls it)")
+
+
+def test_no_import_circle_in_exercise_utils():
+    assert circles(import_graph()) == []
+
+
+def test_no_block_repeated_inside_exercise_utils():
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}
+    assert repeated_blocks(texts) == [], "one home per mechanism: move it to the core"
+
+
+def test_knot_rules_catch_wrong_inputs(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "topic").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n" + "x = 1\n" * (CORE_LINES + 1))
+    (pkg / "b.py").write_text("def f():\n    from .topic import c\n")     # lazy: still a circle
+    (pkg / "topic" / "__init__.py").write_text("")
+    (pkg / "topic" / "c.py").write_text("from ..a import x\nfrom .. import b\n")
+    (pkg / "d.py").write_text("import pkg.topic.c\n")
+    assert long_modules(pkg) == {"a.py": CORE_LINES + 2}
+    graph = import_graph(pkg, "pkg")
+    assert graph["pkg.d"] == {"pkg.topic.c"} and graph["pkg.topic.c"] == {"pkg.a", "pkg.b"}
+    assert circles(graph) == [["pkg.a", "pkg.b", "pkg.topic.c"]]
+    same = "\n".join(f"    value = compute(value, {i})" for i in range(8))
+    alike = {"one.py": f"def f(value):\n{same}\n",          # the same shape, other names
+             "two.py": f"def g(value):\n{same.replace('value', 'result')}\n"}
+    assert repeated_blocks(alike) == []
+    twice = {"one.py": f"def f(value):\n{same}\n    return value\n",
+             "two.py": f"# a copy\ndef g(value):\n{same}\n    return -value\n"}
+    assert repeated_blocks(twice) == [[("one.py", 2, 9), ("two.py", 3, 10)]]
+    assert repeated_blocks({"one.py": twice["one.py"]}) == []

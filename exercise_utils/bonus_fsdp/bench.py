@@ -26,7 +26,8 @@ import sys
 import time
 import warnings
 
-from ..bench import exit_without_teardown, script_parser
+from ..bench import script_parser
+from ..forking import exit_flushed
 from ..config import quick
 
 WIDTH = quick(768, 256)         # hidden features: 3.55M parameters (13.5 MiB) in full mode
@@ -255,4 +256,4 @@ def plot(rows, path="results/09_fsdp_bench.png"):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-    exit_without_teardown()    # the group is destroyed, the rows written
+    exit_flushed()    # the group is destroyed, the rows written

@@ -32,7 +32,8 @@ import statistics
 import sys
 import time
 
-from ..bench import exit_without_teardown, script_parser
+from ..bench import script_parser
+from ..forking import exit_flushed
 from ..config import quick
 
 WORLD_SIZES = quick((2, 3), (2,))         # gloo ranks (= pipeline stages) of run()'s launches
@@ -275,4 +276,4 @@ def plot(rows, path="results/10_model_parallel_bench.png"):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-    exit_without_teardown()    # the group is destroyed, the rows written
+    exit_flushed()    # the group is destroyed, the rows written

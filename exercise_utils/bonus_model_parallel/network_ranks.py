@@ -36,7 +36,8 @@ import statistics
 import sys
 import time
 
-from ..bench import exit_without_teardown, rank_rows, script_parser
+from ..bench import rank_rows, script_parser
+from ..forking import exit_flushed
 
 MODES = ("data", "tensor", "pipeline")
 LR = 0.01                   # plain SGD
@@ -212,4 +213,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-    exit_without_teardown()    # the group is destroyed, the rows written
+    exit_flushed()    # the group is destroyed, the rows written

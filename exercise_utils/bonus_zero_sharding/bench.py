@@ -25,7 +25,8 @@ import sys
 import threading
 import time
 
-from ..bench import exit_without_teardown, script_parser
+from ..bench import script_parser
+from ..forking import exit_flushed
 from ..config import quick
 
 WIDTH = quick(1024, 128)        # hidden features (Linear width x width): 6.3M parameters, 25 MB
@@ -208,4 +209,4 @@ def plot(rows, path="results/07_zero_bench.png"):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-    exit_without_teardown()    # the group is destroyed, the rows written
+    exit_flushed()    # the group is destroyed, the rows written

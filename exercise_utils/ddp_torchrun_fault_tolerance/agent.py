@@ -44,7 +44,7 @@ class _Prefixed:
 
 def _worker(rank, nproc, attempt, restarts, port, argv):
     """In the forked child: torchrun's environment, then the checked worker; never returns."""
-    from ..bench import exit_without_teardown
+    from ..forking import exit_flushed
     from . import probes
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
                       LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", GROUP_WORLD_SIZE="1",
@@ -61,7 +61,7 @@ def _worker(rank, nproc, attempt, restarts, port, argv):
     except BaseException:  # noqa: BLE001 - the worker's error, as torchrun's workers print it
         traceback.print_exc()
     finally:
-        exit_without_teardown(code)
+        exit_flushed(code)
 
 
 def _describe(code):

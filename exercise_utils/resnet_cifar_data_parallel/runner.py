@@ -22,7 +22,7 @@ import json
 import os
 from pathlib import Path
 
-from ..bench import exit_without_teardown
+from ..forking import exit_flushed
 from ..config import quick
 
 
@@ -182,7 +182,7 @@ def _run_rank(rank, rank_process, world_size, config, results):
         record = dict(summary=out, config=dataclasses.asdict(config))
         Path(results).parent.mkdir(parents=True, exist_ok=True)
         Path(results).write_text(json.dumps(record, indent=1))
-    exit_without_teardown()    # the rank's work is done and written
+    exit_flushed()    # the rank's work is done and written
 
 
 def main(rank_process, argv=None):
