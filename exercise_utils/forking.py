@@ -24,7 +24,7 @@ def freeze_for_fork():
     gc.freeze()
 
 
-def exit_flushed(code):
+def exit_flushed(code=0):
     """Flush Python's stdout and stderr, then leave at once with ``code``: a forked child
     (a rank, a spawn worker of :mod:`.spawn_template`) runs no cleanup of its parent's. Also
     the end of a launched rank whose work is done and written (the benchmarks of 07, 09 and
