@@ -205,15 +205,24 @@ def _run_ranks(path, probe, world_size, backend, kwargs, timeout, what, limit, w
 def _launch(worker_args, world_size, backend, limit, what, watch):
     """One launch whose ranks share one sandbox (at grading, only where no network namespaces
     can be made) or none (students' machines): forked by the session's zygote, or by a fresh
-    ``rankworker --spawn``, or MPI ranks forked by a zygote of their own."""
+    ``rankworker --spawn``; MPI ranks by the session's zygote too (outside a session, by a
+    zygote of their own)."""
     folder = str(Path(sessions.options(worker_args)["--out"]).parent)
-    writable = [sessions.SESSION[0]["tmp"]] if sessions.SESSION and backend != "mpi" else [folder]
+    writable = [sessions.SESSION[0]["tmp"]] if sessions.SESSION else [folder]
     if sandbox.weakened("kernel-folder"):
         writable.append(os.getcwd())
     quiet = dict(timeout=limit, echo=False, what=what, watch=watch, writable=writable,
                  cwd=folder if sandbox.policy() is not None else None,
                  output_limit=stops.output_limit())
-    if backend == "mpi":
+    if backend == "mpi" and sessions.SESSION:
+        try:
+            cmd = sessions.mpi_session_command(worker_args, world_size)
+        except sessions.ZygoteFailed as failed:
+            print(f"note: {what}: {failed}; the launch ran without it.", file=sys.stderr,
+                  flush=True)
+            cmd = sessions.zygote_command(worker_args, world_size)
+            quiet["writable"] = [folder]
+    elif backend == "mpi":
         cmd = sessions.zygote_command(worker_args, world_size)
     elif sessions.SESSION:
         try:
@@ -235,9 +244,9 @@ def _launch(worker_args, world_size, backend, limit, what, watch):
         # Nothing of the student's ran: the launch runs again, once, and why it had to is
         # said (on stderr, not in the verdict).
         print(f"note: {what}: {why}; the launch ran again.", file=sys.stderr, flush=True)
-        if backend != "mpi":
-            cmd = _plain_command(worker_args, world_size)
-            quiet["writable"] = [folder]
+        cmd = (sessions.zygote_command(worker_args, world_size) if backend == "mpi" else
+               _plain_command(worker_args, world_size))
+        quiet["writable"] = [folder]
         launch.run(cmd, nprocs=world_size, **quiet)
 
 

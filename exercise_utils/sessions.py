@@ -6,7 +6,7 @@ at grading); the commands that hand a launch to a zygote; the check's progress l
 Owns: :func:`session`, :func:`check`, :func:`module_command` (re-exported by :mod:`.harness`,
 the checkers' API), :data:`SESSION` and :data:`CHECKS` (the session and the checks running
 now), :func:`zygote_socket`, :func:`zygote_lost`, :func:`session_command`,
-:func:`zygote_command`, :func:`options`, :func:`optimizer`, :func:`needs_torch`,
+:func:`zygote_command`, :func:`mpi_session_command`, :func:`options`, :func:`optimizer`, :func:`needs_torch`,
 :func:`with_progress`. Called by :mod:`.harness` and :mod:`.hostlaunch`.
 """
 import contextlib
@@ -204,19 +204,38 @@ def module_command(module, args, preload=()):
             module, *[a for name in preload for a in ("--preload", name)], "--", *args]
 
 
-def zygote_command(worker_args, world_size):
-    """``mpiexec`` whose ranks are forked from one process that imported torch once
-    (:mod:`.zygote`): the probe's module always, torch when the rank will need it."""
+def _mpi_preload(worker_args):
+    """What an MPI launch's ranks import before the student's file: the probe's module
+    always, torch when a rank will need it."""
     opts = options(worker_args)
     probe_module, probe = opts["--probe"].split(":")
-    preload = ["numpy", "mpi4py.MPI", "exercise_utils.rankworker", probe_module]
+    preload = ["numpy", "exercise_utils.rankworker", probe_module]
     if needs_torch(Path(opts["--student"]), probe_module, probe):
         preload = ["torch", "torch.distributed", *preload]
-    socket = str(Path(opts["--out"]).parent / "zygote.sock")
+    return preload
+
+
+def zygote_command(worker_args, world_size):
+    """``mpiexec`` whose ranks are forked from one process, started for this launch, that
+    imported torch once (:mod:`.zygote`): an MPI launch outside a session."""
+    socket = str(Path(options(worker_args)["--out"]).parent / "zygote.sock")
     return [sys.executable, *commands.ZYGOTE, "--socket", socket,
-            *[a for name in preload for a in ("--preload", name)], "--",
+            *[a for name in ["mpi4py.MPI", *_mpi_preload(worker_args)]
+              for a in ("--preload", name)], "--",
             commands.find_executable("mpiexec"), "-n", str(world_size), sys.executable, "-P",
             "-m", "exercise_utils.zygote", "--stub", socket, "--", *worker_args]
+
+
+def mpi_session_command(worker_args, world_size):
+    """``mpiexec`` whose ranks the session's zygote forks, as the hosts' zygotes fork them at
+    grading: each rank's stub hands its MPI connection (``PMI_FD``) to the zygote, which
+    imported torch once for every launch of the check (a zygote of its own per launch imported
+    it again: about 2 s of CPU, most of a small MPI launch's cost). The zygote never imports
+    ``mpi4py.MPI`` itself: each rank initialises MPI (:func:`.zygote._run_rank`)."""
+    return [commands.find_executable("mpiexec"), "-n", str(world_size), sys.executable, "-P",
+            "-m", "exercise_utils.zygote", "--stub", zygote_socket(),
+            *[a for name in _mpi_preload(worker_args) for a in ("--preload", name)], "--",
+            *worker_args]
 
 
 def optimizer(student, module, warm_up=False):

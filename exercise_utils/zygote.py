@@ -322,6 +322,9 @@ def _run_rank(args, mpi):
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else 1
         return 0
+    if "mpi4py.MPI" not in sys.modules:     # (a session's zygote: it never imports it)
+        import mpi4py
+        mpi4py.rc.initialize = mpi4py.rc.finalize = False
     from mpi4py import MPI
     MPI.Init()
     try:
