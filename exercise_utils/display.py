@@ -251,7 +251,7 @@ def _ours(value, tb):
 
 def show_failure(shell, etype, value, tb, tb_offset=None):
     """IPython's handler of a CheckFailure (and the errors of :func:`_ours`): the box (in the
-    cell's :func:`top` slot where it has one, i.e. above the launch's own lines), then the
+    cell's :func:`.progress.top` slot where it has one, i.e. above the launch's own lines), then the
     cell's error as one line. IPython shows nothing of a custom handler's return value: the
     error output (what nbgrader's autograder counts as a failed cell) is sent here, as
     IPython would send it."""

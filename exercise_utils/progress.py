@@ -34,7 +34,7 @@ def live(shell=None):
 def top():
     """In a Jupyter kernel (:func:`live`), the current cell's slot for a failure's box: an
     empty display made at the first call in the cell (a launch, a bar of runs) that the
-    cell's failure fills (:func:`show_failure`), so that the box shows above what the
+    cell's failure fills (:func:`.display.show_failure`), so that the box shows above what the
     launches printed; elsewhere None."""
     if _TOP[0] is None and live() == "kernel":
         from IPython.display import display
