@@ -164,11 +164,15 @@ def _part_with(path, name):
         return None
     if not PART_MARK_RE.match(text):           # not built by %%part cells
         return None
-    define = re.compile(rf"\s*(async\s+)?def {re.escape(name.split('.')[-1])}\(")
+    owner, _, function = name.rpartition(".")
+    define = re.compile(rf"\s*(async\s+)?def {re.escape(function)}\(")
+    inside = not owner                         # a method: only inside its own class
     for line in text.splitlines():
         if PART_MARK_RE.match(line):
             current = part_cell(line)
-        elif define.match(line):
+        elif owner and re.match(r"(class|def|async\s+def)\s", line):
+            inside = bool(re.match(rf"class\s+{re.escape(owner)}\b", line))
+        elif inside and define.match(line):
             return current
     return None
 
