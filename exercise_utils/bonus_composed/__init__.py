@@ -1,0 +1,21 @@
+"""Notebook 11 (bonus), the pieces of a GPT on a mesh: process groups from scratch, the
+vocabulary split across a tensor-parallel group, and ring attention.
+
+Modules:
+
+* ``checks``: ``check_mesh`` and ``check_vocab_parallel``, the judges;
+* ``checks_ring``: ``check_ring_attention``, the judge of the ring;
+* ``refs``: the judge's expected mesh, single-process embedding, cross-entropy and attention,
+  and the rules of the ring's pieces (hidden at grading);
+* ``inputs``: the salted inputs both the ranks and the judge build;
+* ``probes``: what runs inside the ranks of ``check_mesh`` and ``check_vocab_parallel`` (every
+  ``dist.new_group`` logged, the collectives recorded);
+* ``probes_ring``: what runs inside the ranks of ``check_ring_attention`` (every point-to-point
+  message recorded, the block products counted, what the forward keeps measured);
+* ``requirements``: the contract, clause by clause, with the check cases that hold each;
+* ``bench``: your ring attention on 1, 2 and 4 ranks, the balanced split against the
+  contiguous one: memory kept for the backward and work per rank;
+* ``tries``: the try cells after each part of the file (nothing judged).
+
+Used in 11_bonus_composed.
+"""

@@ -1,0 +1,101 @@
+"""The salted inputs of notebook 11's checks, built the same way inside every rank
+(:mod:`.probes`) and by the judge (:mod:`.checks`, :mod:`.refs`): each rank's own parts from its
+own number, the parts every rank of a group must share from rank 0's.
+
+Vocabulary split: the full embedding table's row block ``i`` and the full logits' column block
+``i`` come from the number of the rank that holds them (a rank builds the other blocks from its
+own number: stand-ins, right only where it communicates for them); the tokens, the targets and
+the upstream gradient come from rank 0's number and the group's index.
+
+Used in 11_bonus_composed.
+"""
+import torch
+
+from ..rankworker import salted_generator
+
+VOCAB_PER_RANK, D_EMB = 5, 6             # V = t * 5 classes, embeddings of 6 features
+ROWS = 7                                 # N rows of logits (odd)
+TOKENS = (3, 4)                          # a (B, T) batch of tokens
+BIG = 800.0                              # added to one row's logits: exp(800) overflows float64
+LOSS_SCALE = 2.5                         # the upstream gradient of the loss
+DTYPES = (torch.float64, torch.float32)
+# (launch name, world size, the tensor-parallel groups the probe makes: None = the world)
+VOCAB_LAUNCHES = (("two groups of 2", 4, ((0, 1), (2, 3))), ("the world of 3", 3, None))
+
+
+def table(salts, group_index, t, dtype):
+    """The full ``(t * VOCAB_PER_RANK, D_EMB)`` embedding table of a group: row block ``i``
+    from ``salts[i]`` (the number of the group's rank ``i``)."""
+    blocks = [torch.randn(VOCAB_PER_RANK, D_EMB, dtype=torch.float64,
+                          generator=salted_generator(7100 + 10 * group_index + i, salts[i]))
+              for i in range(t)]
+    return torch.cat(blocks).to(dtype)
+
+
+def logits(salts, group_index, t, dtype):
+    """The full ``(ROWS, t * VOCAB_PER_RANK)`` logits of a group: column block ``i`` from
+    ``salts[i]``; row 1 shifted by ``BIG`` (only a stable loss survives it)."""
+    blocks = [3.0 * torch.randn(ROWS, VOCAB_PER_RANK, dtype=torch.float64,
+                                generator=salted_generator(7200 + 10 * group_index + i,
+                                                           salts[i]))
+              for i in range(t)]
+    full = torch.cat(blocks, dim=1)
+    full[1] += BIG
+    return full.to(dtype)
+
+
+def shared(salt0, group_index, t, dtype):
+    """What every rank of a group shares: ``(tokens (B, T), targets (ROWS,), upstream
+    gradient of the embedding (B, T, D_EMB))``, from rank 0's number; the tokens cover the
+    first and the last id of every rank's block."""
+    gen = salted_generator(7300 + group_index, salt0)
+    v = t * VOCAB_PER_RANK
+    tokens = torch.randint(0, v, TOKENS, generator=gen)
+    edges = torch.tensor([i * VOCAB_PER_RANK + e for i in range(t)
+                          for e in (0, VOCAB_PER_RANK - 1)])
+    tokens.view(-1)[:edges.numel()] = edges[:tokens.numel()]
+    targets = torch.randint(0, v, (ROWS,), generator=gen)
+    targets[0], targets[-1] = 0, v - 1
+    upstream = torch.randn(*TOKENS, D_EMB, dtype=torch.float64, generator=gen).to(dtype)
+    return tokens, targets, upstream
+
+
+def mesh_value(salt, rank):
+    """What a rank adds to each of its mesh groups' all-reduce: from its own number."""
+    gen = salted_generator(7400 + rank, salt)
+    return float(torch.randint(1, 1000, (1,), generator=gen))
+
+
+# ------------------------------------------------------------------ ring attention
+B, H, HD = 2, 2, 4
+# (name, dtype, layout, causal, S): every ring of every launch runs these
+RING_CASES = (("causal-balanced-float64", torch.float64, "balanced", True, 13),
+              ("causal-contiguous-float64", torch.float64, "contiguous", True, 11),
+              ("full-contiguous-float64", torch.float64, "contiguous", False, 10),
+              ("causal-balanced-float32", torch.float32, "balanced", True, 24))
+# (launch name, world size, the rings the probe makes: tuples of global ranks; None = the world)
+RING_LAUNCHES = (("a ring of 3", 3, (None,)),
+                 ("a ring of 4, two rings of 2 and rings of 1", 4,
+                  (None, ((0, 2), (1, 3)), ((0,), (1,), (2,), (3,)))))
+
+
+def layout(kind, S, c):
+    """The positions each rank of a ring of ``c`` holds: ``"contiguous"`` (``arange(S)``
+    in c chunks) or ``"balanced"`` (chunks r and 2c-1-r of 2c; the judge's own rule, the same
+    as the notebook's ``balanced_positions``)."""
+    if kind == "contiguous":
+        return list(torch.arange(S).tensor_split(c))
+    chunks = torch.arange(S).tensor_split(2 * c)
+    return [torch.cat([chunks[r], chunks[2 * c - 1 - r]]) for r in range(c)]
+
+
+def qkv(salts, positions, case_index, dtype):
+    """``(q, k, v, dout)`` of the whole sequence, ``(B, H, S, HD)``: the tokens of ring rank
+    ``i`` (``positions[i]``) from ``salts[i]``."""
+    S = sum(len(p) for p in positions)
+    full = torch.zeros(4, B, H, S, HD, dtype=torch.float64)
+    for i, pos in enumerate(positions):
+        gen = salted_generator(7600 + 10 * case_index + i, salts[i])
+        full[:, :, :, pos] = torch.randn(4, B, H, len(pos), HD, dtype=torch.float64,
+                                         generator=gen)
+    return tuple(t.to(dtype) for t in full)

@@ -1,0 +1,127 @@
+"""The judge's expected answers of notebook 11 (hidden at grading: no probe imports this
+module): the mesh's coordinates and groups, computed by rule, and the single-process
+embedding and cross-entropy the vocabulary-parallel ranks must equal.
+
+Used in 11_bonus_composed.
+"""
+import torch
+import torch.nn.functional as F
+
+from . import inputs
+
+DIMS = ("dp", "pp", "tp")
+
+
+def coords(rank, dp, pp, tp):
+    return {"dp": rank // (pp * tp), "pp": rank // tp % pp, "tp": rank % tp}
+
+
+def lines(dim, dp, pp, tp):
+    """Every group of ``dim``: ranks sharing the other two coordinates, ordered by ``dim``;
+    the lists by their first rank (torch's ``init_device_mesh`` over ``("dp", "pp", "tp")``
+    gives the same)."""
+    world = dp * pp * tp
+    found = {}
+    for rank in range(world):
+        c = coords(rank, dp, pp, tp)
+        found.setdefault(tuple(c[k] for k in DIMS if k != dim), []).append(rank)
+    return sorted(found.values())
+
+
+def made(dp, pp, tp):
+    """The groups every rank makes, in order: the lines of ``dp``, then ``pp``, then ``tp``."""
+    return [line for dim in DIMS for line in lines(dim, dp, pp, tp)]
+
+
+def mesh(rank, dp, pp, tp):
+    """What ``Mesh(dp, pp, tp)`` holds on ``rank``."""
+    c = coords(rank, dp, pp, tp)
+    ranks = {dim: next(line for line in lines(dim, dp, pp, tp) if rank in line) for dim in DIMS}
+    stages = ranks["pp"]
+    return {"sizes": {"dp": dp, "pp": pp, "tp": tp}, "coords": c, "ranks": ranks,
+            "prev": stages[c["pp"] - 1] if c["pp"] > 0 else None,
+            "next": stages[c["pp"] + 1] if c["pp"] + 1 < pp else None}
+
+
+def vocab(salts, salt0, group_index, t, dtype):
+    """One process on a group's whole table and logits: ``{"emb": output, "emb_grad": the
+    table's gradient, "loss": float, "logits_grad": (ROWS, V)}``, float64 arrays."""
+    table = inputs.table(salts, group_index, t, dtype).requires_grad_(True)
+    tokens, targets, upstream = inputs.shared(salt0, group_index, t, dtype)
+    out = F.embedding(tokens, table)
+    (out * upstream).sum().backward()
+    logits = inputs.logits(salts, group_index, t, dtype).requires_grad_(True)
+    loss = F.cross_entropy(logits, targets)
+    (loss * inputs.LOSS_SCALE).backward()
+    return {"emb": out.detach().double().numpy(), "emb_grad": table.grad.double().numpy(),
+            "loss": float(loss.detach()), "logits_grad": logits.grad.double().numpy()}
+
+
+def embedding_grads(salts, members, salt0, group_index, t, dtype):
+    """The full table's gradient after the forward on the 2-D tokens and, apart, on their first
+    row (the 1-D case), float64 arrays."""
+    dtype = getattr(torch, dtype)
+    tokens, _, upstream = inputs.shared(salt0, group_index, t, dtype)
+    grads = {}
+    for name, toks, up in (("2-d", tokens, upstream), ("1-d", tokens[0], upstream[0])):
+        table = inputs.table([salts[r] for r in members], group_index, t,
+                             dtype).requires_grad_(True)
+        (F.embedding(toks, table) * up).sum().backward()
+        grads[name] = table.grad.double().numpy()
+    return grads
+
+
+# ------------------------------------------------------------------ ring attention
+def attention(q, k, v, positions, causal, dout):
+    """Full attention over the whole sequence, and the gradients of q, k, v from ``dout``:
+    float64 arrays ``(out, dq, dk, dv)``."""
+    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if causal:
+        S = q.shape[-2]
+        scores = scores.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+    out = scores.softmax(-1) @ v
+    out.backward(dout)
+    return tuple(t.detach().double().numpy() for t in (out, q.grad, k.grad, v.grad))
+
+
+def merged(out, lse, out_b, lse_b):
+    """The merge by its definition, float64: the output over the union of the key sets."""
+    new = torch.logaddexp(lse, lse_b)
+    safe = new.masked_fill(new == float("-inf"), 0.0)
+    return (out * torch.exp(lse - safe).unsqueeze(-1) + out_b * torch.exp(lse_b - safe)
+            .unsqueeze(-1)), new
+
+
+def balanced(S, c):
+    chunks = torch.arange(S).tensor_split(2 * c)
+    return [torch.cat([chunks[r], chunks[2 * c - 1 - r]]).tolist() for r in range(c)]
+
+
+def runs(pos):
+    out, start = [], 0
+    for i in range(1, len(pos) + 1):
+        if i == len(pos) or pos[i] != pos[i - 1] + 1:
+            out.append((start, i))
+            start = i
+    return out
+
+
+def pairs(q_pos, k_pos, causal):
+    """``[(query indices, key indices, mask as lists or None)]`` by the notebook's rule."""
+    if not causal:
+        return [[list(range(len(q_pos))), list(range(len(k_pos))), None]]
+    found = []
+    for qa, qb in runs(q_pos):
+        for ka, kb in runs(k_pos):
+            if q_pos[qb - 1] < k_pos[ka]:
+                continue
+            full = q_pos[qa] >= k_pos[kb - 1]
+            mask = None if full else [[q >= kk for kk in k_pos[ka:kb]] for q in q_pos[qa:qb]]
+            found.append([list(range(qa, qb)), list(range(ka, kb)), mask])
+    return found
+
+
+def causal_entries(q_pos, positions):
+    """The query x key entries a rank at ``q_pos`` must see over all the ring's blocks."""
+    return sum(sum(1 for q in q_pos for kk in pos if q >= kk) for pos in positions)

@@ -1,0 +1,362 @@
+"""Known-wrong files of notebook 11, as patches of the solution (see tests/flaws.py): one flaw
+each, naming the clause of ``exercise_utils/bonus_composed/requirements.py`` it breaks and the
+check case that must reject it."""
+from flaws import Def, Flaw
+
+COORDS = "    return rank // (pp * tp), rank // tp % pp, rank % tp\n"
+KEY = "        key = tuple(coords[k] for k in DIMS if k != dim)\n"
+KEEP = ("                if rank in line:\n"
+        "                    self.ranks[dim], self.groups[dim] = line, group\n")
+NEIGHBOURS = ("        self.prev = stages[p - 1] if p > 0 else None\n"
+              "        self.next = stages[p + 1] if p + 1 < pp else None\n")
+REDUCE = "        out = x.clone(memory_format=torch.contiguous_format)\n        dist.all_reduce(out, group=group)\n"
+LOOKUP = "        out = F.embedding(torch.where(mine, local, 0), self.weight) * mine.unsqueeze(-1)\n"
+MAX = "        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)\n"
+TARGET = "        target_logit = logits.detach().gather(1, index).squeeze(1) * mine\n"
+BACKWARD = "        return g * (grad / softmax.shape[0]), None, None\n"
+
+FLAWS = [
+    # ------------------------------------------------------------------ the mesh
+    Flaw("mesh", "coords_dp_fastest", clause="coords", case="mesh-pure",
+         why="lays the grid out with dp varying fastest (rank = (t * pp + p) * dp + d), the "
+             "reverse of the notebook's order.",
+         expect="mesh_coords(1, 1, 2, 2) returned [0, 1, 0]",
+         patch=((COORDS, "    return rank % dp, rank // dp % pp, rank // (dp * pp)\n"),)),
+    Flaw("mesh", "coords_list", clause="coords-returns", case="mesh-pure",
+         why="returns the coordinates as a list, not a tuple.",
+         expect="(list); expected the tuple",
+         patch=((COORDS, "    return [rank // (pp * tp), rank // tp % pp, rank % tp]\n"),)),
+    Flaw("mesh", "coords_rank_unchecked", clause="coords-returns", case="mesh-pure",
+         why="does not check the rank: a rank outside the grid gets coordinates outside it.",
+         expect="mesh_coords(4, 2, 1, 2) returned",
+         patch=(("    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < "
+                 "dp * pp * tp:\n        raise ValueError(f\"rank {rank!r} is not in [0, "
+                 "{dp * pp * tp})\")\n", ""),)),
+    Flaw("mesh", "lines_planes", clause="lines", case="mesh-pure",
+         why="groups the ranks that share the coordinate dim (a plane of the grid) instead of "
+             "those that share the other two (a line).",
+         expect="mesh_lines('dp', 1, 1, 2)",
+         patch=((KEY, "        key = tuple(coords[k] for k in DIMS if k == dim)\n"),
+                ("        lines.setdefault(key, [None] * sizes[dim])[coords[dim]] = rank\n",
+                 "        lines.setdefault(key, []).append(rank)\n"))),
+    Flaw("mesh", "lines_unknown_dim", clause="lines-returns", case="mesh-pure",
+         why="does not check dim: an unknown dimension fails with a KeyError deep inside.",
+         expect="mesh_lines('cp', 1, 2, 1) raised KeyError",
+         patch=(("    if dim not in DIMS:\n        raise ValueError(f\"dim must be one of {DIMS}, "
+                 "got {dim!r}\")\n", ""),)),
+    Flaw("mesh", "only_own_groups", clause="order", case="mesh-groups",
+         why="makes only the groups it is in, with use_local_synchronization=True (which torch "
+             "allows): the ranks no longer make the same groups in the same order.",
+         expect="called dist.new_group with",
+         patch=(("                group = dist.new_group(line)\n                if rank in line:\n",
+                 "                if rank in line:\n"
+                 "                    group = dist.new_group(line, use_local_synchronization=True)\n"),)),
+    Flaw("mesh", "tp_groups_first", clause="order", case="mesh-groups",
+         why="makes the tensor-parallel groups first (tp, pp, dp): the same groups, another order.",
+         expect="expected [[0, 4], [1, 5]",
+         patch=(("        for dim in DIMS:\n            for line in mesh_lines(",
+                 "        for dim in reversed(DIMS):\n            for line in mesh_lines("),)),
+    Flaw("mesh", "keeps_last_group", clause="groups", case="mesh-comm",
+         why="keeps the last group made in each dimension, not its own (the `if rank in line` "
+             "test applied to the ranks only).",
+         expect="is a group of",
+         patch=((KEEP, "                self.groups[dim] = group\n                if rank in line:\n"
+                       "                    self.ranks[dim] = line\n"),)),
+    Flaw("mesh", "neighbours_are_coordinates", clause="neighbours", case="mesh-groups",
+         why="gives the previous and next stage's pipeline coordinate, not its global rank.",
+         expect=".next is 1; expected 2",
+         patch=((NEIGHBOURS, "        self.prev = p - 1 if p > 0 else None\n"
+                             "        self.next = p + 1 if p + 1 < pp else None\n"),)),
+    Flaw("mesh", "ranks_within_group", clause="ranks", case="mesh-groups",
+         why="keeps in ranks the ranks within the group (0, 1, ...) instead of the global ranks.",
+         expect=".ranks is",
+         patch=((KEEP, "                if rank in line:\n"
+                       "                    self.ranks[dim] = list(range(len(line)))\n"
+                       "                    self.groups[dim] = group\n"),)),
+    Flaw("mesh", "sizes_unchecked", clause="sizes", case="mesh-groups",
+         why="does not call check_sizes: sizes whose product is not the world size start making "
+             "groups before anything fails.",
+         expect="Mesh(2, 2, 3)",
+         patch=(("        check_sizes(dp, pp, tp, dist.get_world_size())\n", ""),)),
+    # ------------------------------------------------------------------ the vocabulary
+    Flaw("vocab_parallel", "sum_over_world", clause="group-sum", case="vp-group",
+         why="all-reduces without group=: the sum runs over the whole world, not the group.",
+         expect="not of the world",
+         patch=((REDUCE, "        out = x.clone(memory_format=torch.contiguous_format)\n"
+                         "        dist.all_reduce(out)\n"),)),
+    Flaw("vocab_parallel", "sum_in_place", clause="group-sum", case="vp-group",
+         why="all-reduces x itself and returns it: the caller's tensor is overwritten.",
+         expect="modified x in place",
+         patch=((REDUCE + "        return out\n",
+                 "        dist.all_reduce(x, group=group)\n        return x\n"),)),
+    Flaw("vocab_parallel", "sum_backward_sums", clause="group-sum", case="vp-group",
+         why="all-reduces the gradient in the backward too (as torch.distributed.nn's "
+             "all_reduce does): every gradient is the group's sum.",
+         expect="the gradient of x",
+         patch=(("        return grad, None\n",
+                 "        grad = grad.clone()\n        dist.all_reduce(grad, group=ctx.group)\n"
+                 "        return grad, None\n"),
+                ("        dist.all_reduce(out, group=group)\n        return out\n",
+                 "        dist.all_reduce(out, group=group)\n        ctx.group = group\n"
+                 "        return out\n"))),
+    Flaw("vocab_parallel", "rows_of_global_rank", clause="emb-rows", case="vp-embedding",
+         why="takes the rows of the global rank (dist.get_rank()) instead of the group's rank.",
+         expect="group rank r holds rows",
+         patch=(("        r, t = dist.get_rank(group), dist.get_world_size(group)\n",
+                 "        r, t = dist.get_rank(), dist.get_world_size(group)\n"),)),
+    Flaw("vocab_parallel", "rows_are_a_view", clause="emb-copy", case="vp-embedding",
+         why="keeps a slice of the table's weight without .clone(): a view of emb's tensor.",
+         expect="a view of emb's weight True",
+         patch=(("        return cls(emb.weight.detach()[r * k:(r + 1) * k].clone(), r * k, group)\n",
+                 "        return cls(emb.weight.detach()[r * k:(r + 1) * k], r * k, group)\n"),)),
+    Flaw("vocab_parallel", "divisibility_unchecked", clause="emb-divisible", case="vp-embedding",
+         why="does not check that the rows divide by the group's size: the last rows are lost.",
+         expect="expected ValueError",
+         patch=(("        if emb.num_embeddings % t:\n            raise ValueError(f\"num_embeddings="
+                 "{emb.num_embeddings} is not divisible by {t} ranks\")\n", ""),)),
+    Flaw("vocab_parallel", "others_not_zeroed", clause="emb-forward", case="vp-embedding",
+         why="looks up every token in its rows, clamping the ids outside them, and does not "
+             "zero those lookups: the sum counts wrong rows.",
+         expect="the output differs from one process",
+         patch=((LOOKUP, "        out = F.embedding(local.clamp(0, self.weight.shape[0] - 1), "
+                         "self.weight)\n"),)),
+    Flaw("vocab_parallel", "differentiable_all_reduce", clause="emb-one-all-reduce",
+         case="vp-collectives",
+         why="sums with torch.distributed.nn.functional.all_reduce instead of ReduceFromGroup: "
+             "its backward all-reduces the gradient again.",
+         expect="its backward issued all_reduce",
+         patch=(("        return ReduceFromGroup.apply(out, self.group)\n",
+                 "        from torch.distributed.nn.functional import all_reduce\n"
+                 "        return all_reduce(out, group=self.group)\n"),)),
+    Flaw("vocab_parallel", "weight_detached", clause="emb-grad", case="vp-embedding",
+         why="looks up in weight.detach() (to keep autograd away from the all-reduce): no "
+             "gradient reaches the shard.",
+         expect="the gradient of weight",
+         patch=((LOOKUP, "        out = F.embedding(torch.where(mine, local, 0), self.weight."
+                         "detach()) * mine.unsqueeze(-1)\n"),)),
+    Flaw("vocab_parallel", "local_maximum", clause="loss-value", case="vp-loss",
+         why="subtracts each rank's own row maximum, not the maximum over all V columns: the "
+             "ranks' sums of exponentials are on different scales.",
+         expect="vocab_parallel_cross_entropy in float64: the loss differs",
+         patch=((MAX, ""),)),
+    Flaw("vocab_parallel", "no_maximum", clause="loss-value", case="vp-loss",
+         why="exponentiates the logits as they are: exp(800) overflows.",
+         expect="the loss differs from one process by inf",
+         patch=((MAX, "        row_max = torch.zeros_like(row_max)\n"),)),
+    Flaw("vocab_parallel", "sum_not_mean", clause="loss-value", case="vp-loss",
+         why="sums the rows' losses instead of taking their mean (the backward divides by N).",
+         expect="the loss differs",
+         patch=(("        loss = (sum_exp.log() + row_max - target_logit).mean()\n",
+                 "        loss = (sum_exp.log() + row_max - target_logit).sum()\n"),)),
+    Flaw("vocab_parallel", "columns_of_global_rank", clause="loss-columns", case="vp-loss",
+         why="places its columns by the global rank (dist.get_rank()), not the group's rank.",
+         expect="the loss differs",
+         patch=(("        start = dist.get_rank(group) * k\n",
+                 "        start = dist.get_rank() * k\n"),)),
+    Flaw("vocab_parallel", "target_logit_unmasked", clause="loss-three", case="vp-loss",
+         why="every rank adds the logit at the clamped target index, also when the target's "
+             "column is not its own.",
+         expect="the loss differs",
+         patch=((TARGET, "        target_logit = logits.detach().gather(1, index).squeeze(1)\n"),)),
+    Flaw("vocab_parallel", "gathers_the_logits", clause="loss-three", case="vp-collectives",
+         why="all-gathers the full logits and computes the loss on every rank.",
+         expect="all_gather",
+         patch=(Def("VocabParallelCrossEntropy.forward",
+                    "@staticmethod\ndef forward(ctx, logits, targets, group):\n"
+                    "    t = dist.get_world_size(group)\n"
+                    "    parts = [torch.empty_like(logits) for _ in range(t)]\n"
+                    "    dist.all_gather(parts, logits.detach().contiguous(), group=group)\n"
+                    "    full = torch.cat(parts, dim=1)\n"
+                    "    n, k = logits.shape\n"
+                    "    start = dist.get_rank(group) * k\n"
+                    "    softmax = full.softmax(dim=1)\n"
+                    "    local = targets - start\n"
+                    "    mine = (local >= 0) & (local < k)\n"
+                    "    index = torch.where(mine, local, 0).unsqueeze(1)\n"
+                    "    ctx.save_for_backward(softmax[:, start:start + k], index, mine)\n"
+                    "    return F.cross_entropy(full, targets)\n"),)),
+    Flaw("vocab_parallel", "incoming_gradient_ignored", clause="loss-backward", case="vp-loss",
+         why="returns (softmax - one_hot) / N without multiplying by the incoming gradient.",
+         expect="the gradient of the logits differs",
+         patch=((BACKWARD, "        return g / softmax.shape[0], None, None\n"),)),
+    Flaw("vocab_parallel", "backward_all_reduces", clause="loss-backward",
+         case="vp-collectives",
+         why="all-reduces the gradient's row sums in the backward (to be safe): communication "
+             "the backward does not need.",
+         expect="its backward issued all_reduce",
+         patch=((BACKWARD, "        check = g.sum(dim=1)\n        dist.all_reduce(check)\n"
+                           "        return g * (grad / softmax.shape[0]), None, None\n"),)),
+    Flaw("vocab_parallel", "logits_shifted_in_place", clause="loss-inputs", case="vp-loss",
+         why="subtracts the maxima from logits.detach() in place: detach shares the storage, "
+             "so the caller's logits change.",
+         expect="modified the logits or the targets in place",
+         patch=(("        exp = (logits.detach() - row_max.unsqueeze(1)).exp()\n",
+                 "        shifted = logits.detach()\n        shifted -= row_max.unsqueeze(1)\n"
+                 "        exp = shifted.exp()\n"),
+                (TARGET, "        target_logit = (shifted.gather(1, index).squeeze(1) + row_max) "
+                         "* mine\n"))),
+    Flaw("vocab_parallel", "loss_in_float64", clause="loss-returns", case="vp-loss",
+         why="computes the loss in float64 whatever the logits' dtype and returns it so.",
+         expect="expected a 0-dim tensor of the logits' dtype (torch.float32)",
+         patch=(("        loss = (sum_exp.log() + row_max - target_logit).mean()\n",
+                 "        loss = (sum_exp.log() + row_max - target_logit).double().mean()\n"),)),
+]
+
+MERGE = ("    new = torch.logaddexp(lse, lse_b)\n    ref = _finite(new)\n"
+         "    w, w_b = torch.exp(lse - ref), torch.exp(lse_b - ref)\n"
+         "    return out * w.unsqueeze(-1) + out_b * w_b.unsqueeze(-1), new\n")
+PAIRS_SKIP = "            if q_last < k_first:\n                continue\n"
+FWD_SEND = ("            if step < c - 1:\n"
+            "                buf = q.new_empty(B, H, len(positions[(src - 1) % c]), 2 * hd)\n"
+            "                reqs = [dist.isend(held, nxt), dist.irecv(buf, prv)]\n")
+FWD_WAIT = ("            if step < c - 1:\n                for req in reqs:\n"
+            "                    req.wait()\n                held = buf\n")
+FWD_BLOCK = ("                out_b, lse_b = block_forward(q[:, :, qs], held[:, :, ks, :hd],\n"
+             "                                             held[:, :, ks, hd:], mask)\n")
+
+FLAWS += [
+    # ------------------------------------------------------------------ ring attention
+    Flaw("ring_attention", "merge_naive_exp", clause="merge", case="ring-pure",
+         why="merges with the plain sums of exponentials, exp(lse) + exp(lse_b): a side 800 "
+             "above overflows.",
+         expect="merge_blocks: the merged log-sum-exp is off",
+         patch=((MERGE, "    total = torch.exp(lse) + torch.exp(lse_b)\n"
+                        "    new = torch.log(total)\n"
+                        "    return (out * torch.exp(lse).unsqueeze(-1) + out_b * "
+                        "torch.exp(lse_b).unsqueeze(-1)) / total.unsqueeze(-1), new\n"),)),
+    Flaw("ring_attention", "merge_nan_when_both_empty", clause="merge-inf", case="ring-pure",
+         why="weights each side by exp(its lse - the merged lse) without guarding -inf: a row "
+             "no key of either side is visible to becomes NaN.",
+         expect="merge_blocks: the merged output differs from one process by nan",
+         patch=((MERGE, "    new = torch.logaddexp(lse, lse_b)\n"
+                        "    w, w_b = torch.exp(lse - new), torch.exp(lse_b - new)\n"
+                        "    return out * w.unsqueeze(-1) + out_b * w_b.unsqueeze(-1), new\n"),)),
+    Flaw("ring_attention", "merge_in_place", clause="merge-inf", case="ring-pure",
+         why="scales out in place and adds the other side into it.",
+         expect="merge_blocks modified its inputs",
+         patch=((MERGE, "    new = torch.logaddexp(lse, lse_b)\n    ref = _finite(new)\n"
+                        "    out.mul_(torch.exp(lse - ref).unsqueeze(-1))\n"
+                        "    out.add_(out_b * torch.exp(lse_b - ref).unsqueeze(-1))\n"
+                        "    return out, new\n"),)),
+    Flaw("ring_attention", "balanced_not_mirrored", clause="balance", case="ring-pure",
+         why="gives rank r chunks r and c + r: two chunks, but not one early and one late.",
+         expect="balanced_positions(13, 3) returned",
+         patch=(("    return [torch.cat([chunks[r], chunks[2 * c - 1 - r]]) for r in range(c)]\n",
+                 "    return [torch.cat([chunks[r], chunks[c + r]]) for r in range(c)]\n"),)),
+    Flaw("ring_attention", "balanced_short_sequence", clause="balanced-errors", case="ring-pure",
+         why="does not check S >= 2c: a sequence too short gives ranks empty chunks.",
+         expect="balanced_positions(5, 3) returned",
+         patch=(("    if c < 1 or S < 2 * c:\n", "    if c < 1:\n"),)),
+    Flaw("ring_attention", "balanced_wrong_order", clause="balanced", case="ring-pure",
+         why="puts the late chunk first.",
+         expect="expected [[0, 1, 2, 11, 12]",
+         patch=(("    return [torch.cat([chunks[r], chunks[2 * c - 1 - r]]) for r in range(c)]\n",
+                 "    return [torch.cat([chunks[2 * c - 1 - r], chunks[r]]) for r in range(c)]\n"),)),
+    Flaw("ring_attention", "pairs_not_left_out", clause="pairs-causal", case="ring-pure",
+         why="keeps the pairs no query sees, with a mask of False everywhere.",
+         expect="block_pairs(tensor([0, 1, 2, 7, 8]), tensor([3, 4, 5, 6]), True) returned",
+         patch=((PAIRS_SKIP, ""),)),
+    Flaw("ring_attention", "pairs_always_masked", clause="pairs-mask", case="ring-pure",
+         why="always builds the mask, also where every query sees every key.",
+         expect="mask None where every query sees every key",
+         patch=(("            mask = None if q_first >= k_last else q_pos[qs, None] >= "
+                 "k_pos[None, ks]\n",
+                 "            mask = q_pos[qs, None] >= k_pos[None, ks]\n"),)),
+    Flaw("ring_attention", "pairs_runs_when_not_causal", clause="pairs-full", case="ring-pure",
+         why="cuts non-causal blocks into runs too: the right products, not one.",
+         expect="block_pairs(tensor([0, 1, 5, 6]), tensor([2, 3, 9]), False) returned",
+         patch=(("    if not causal:\n        return [(slice(None), slice(None), None)]\n",
+                 "    if not causal:\n        return [(qs, ks, None) for qs in contiguous_runs(q_pos)\n"
+                 "                for ks in contiguous_runs(k_pos)]\n"),)),
+    Flaw("ring_attention", "outputs_added", clause="values", case="ring-values",
+         why="adds each block's output to the running output instead of merging them by their "
+             "log-sum-exps.",
+         expect="the output differs from one process",
+         patch=(("                out[:, :, qs], lse[:, :, qs] = merge_blocks(out[:, :, qs], "
+                 "lse[:, :, qs],\n"
+                 "                                                            out_b, lse_b)\n",
+                 "                out[:, :, qs] += out_b\n"
+                 "                lse[:, :, qs] = torch.logaddexp(lse[:, :, qs], lse_b)\n"),)),
+    Flaw("ring_attention", "last_block_forgotten", clause="forward-ring", case="ring-values",
+         why="runs c - 1 steps: the block that arrives last is never computed with.",
+         expect="the output differs from one process",
+         patch=(("        held = torch.cat([k, v], dim=-1)\n        for step in range(c):\n",
+                 "        held = torch.cat([k, v], dim=-1)\n        for step in range(max(c - 1, 1)):\n"),)),
+    Flaw("ring_attention", "gradient_not_brought_home", clause="backward-ring",
+         case="ring-values",
+         why="stops passing after the last step's compute: each rank returns the gradient of "
+             "the block it holds then, its neighbour's, not its own.",
+         expect="the backward failed",
+         patch=(("            if c > 1:\n                send = dist.isend(held, nxt)\n"
+                 "                recv.wait()\n                send.wait()\n                held = buf\n",
+                 "            if c > 1 and step < c - 1:\n                send = dist.isend(held, nxt)\n"
+                 "                recv.wait()\n                send.wait()\n                held = buf\n"),
+                ("            if c > 1:\n                buf = q.new_empty(B, H, len(positions[(src - 1) % c]), 4 * hd)\n",
+                 "            if c > 1 and step < c - 1:\n                buf = q.new_empty(B, H, len(positions[(src - 1) % c]), 4 * hd)\n"))),
+    Flaw("ring_attention", "computes_before_sending", clause="overlap", case="ring-messages",
+         why="computes with the held block first and only then passes it on: correct, but the "
+             "transfer never overlaps the arithmetic.",
+         expect="the first block was computed before it was sent on",
+         patch=((FWD_SEND, ""),
+                (FWD_WAIT, FWD_SEND + "                for req in reqs:\n"
+                           "                    req.wait()\n                held = buf\n"))),
+    Flaw("ring_attention", "ring_reversed", clause="messages", case="ring-messages",
+         why="sends to the previous rank and receives from the next: the blocks travel the "
+             "other way round from the positions the loop assumes.",
+         expect="not the ring's next rank",
+         patch=(("                reqs = [dist.isend(held, nxt), dist.irecv(buf, prv)]\n",
+                 "                reqs = [dist.isend(held, prv), dist.irecv(buf, nxt)]\n"),)),
+    Flaw("ring_attention", "barrier_each_step", clause="messages", case="ring-messages",
+         why="adds a dist.barrier() at every step to keep the ring in lock-step.",
+         expect="the forward called ['barrier']",
+         patch=((FWD_SEND, "            dist.barrier()\n" + FWD_SEND),)),
+    Flaw("ring_attention", "keeps_received_blocks", clause="memory", case="ring-memory",
+         why="keeps every received block on ctx (for a backward that would not need to pass "
+             "them again), while the backward still passes them.",
+         expect="the forward keeps",
+         patch=(("        held = torch.cat([k, v], dim=-1)\n        for step in range(c):\n",
+                 "        held = torch.cat([k, v], dim=-1)\n        ctx.blocks = []\n"
+                 "        for step in range(c):\n            ctx.blocks.append(held)\n"),)),
+    Flaw("ring_attention", "own_block_arithmetic", clause="block-functions", case="ring-work",
+         why="computes the blocks with its own copy of block_forward's arithmetic.",
+         expect="block_forward was never called",
+         patch=((FWD_BLOCK, "                out_b, lse_b = _my_block(q[:, :, qs], held[:, :, ks, :hd],\n"
+                            "                                         held[:, :, ks, hd:], mask)\n"),
+                ("def ring_peers(group):\n",
+                 "def _my_block(q, k, v, mask=None):\n"
+                 "    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5\n"
+                 "    if mask is not None:\n        scores = scores.masked_fill(~mask, NEG_INF)\n"
+                 "    lse = torch.logsumexp(scores, dim=-1)\n"
+                 "    return torch.exp(scores - _finite(lse).unsqueeze(-1)) @ v, lse\n\n\n"
+                 "def ring_peers(group):\n"))),
+    Flaw("ring_attention", "whole_blocks_masked", clause="pairs-causal", case="ring-work",
+         why="computes each held block whole with a causal mask (skipping only blocks no query "
+             "sees) instead of block_pairs' pairs: right values, but the masked pairs are "
+             "computed too.",
+         expect="leave out the pairs in which no query sees any key",
+         patch=(("            for qs, ks, mask in block_pairs(q_pos, positions[src], causal):\n"
+                 "                out_b, lse_b",
+                 "            k_pos = positions[src]\n"
+                 "            whole = [(slice(None), slice(None), (q_pos[:, None] >= k_pos[None, :])\n"
+                 "                      if causal else None)]\n"
+                 "            if causal and not bool((q_pos[:, None] >= k_pos[None, :]).any()):\n"
+                 "                whole = []\n"
+                 "            for qs, ks, mask in whole:\n"
+                 "                out_b, lse_b"),)),
+]
+
+STUB = "{}\n    # YOUR CODE HERE\n    raise NotImplementedError()\n"    # (as released)
+FLAWS.append(
+    Flaw("ring_attention", "merge_in_place_ring_unfinished", clause="merge-inf",
+         case="ring-pure",
+         why="the same in-place merge, with RingAttention still as released: a finished piece's "
+             "failure is shown, not hidden behind the unfinished ones (issue 39).",
+         expect="merge_blocks modified its inputs",
+         patch=((MERGE, "    new = torch.logaddexp(lse, lse_b)\n    ref = _finite(new)\n"
+                        "    out.mul_(torch.exp(lse - ref).unsqueeze(-1))\n"
+                        "    out.add_(out_b * torch.exp(lse_b - ref).unsqueeze(-1))\n"
+                        "    return out, new\n"),
+                Def("RingAttention.forward", STUB.format(
+                    "@staticmethod\ndef forward(ctx, q, k, v, positions, group, causal):")),
+                Def("RingAttention.backward", STUB.format(
+                    "@staticmethod\ndef backward(ctx, dout):")))))
