@@ -8,6 +8,7 @@ blank release. The checks against the known-wrong and the correct files:
 
 check_mesh launches 8 and 6 gloo ranks, check_vocab_parallel 4 and 3, check_ring_attention 3
 and 4."""
+import json
 import math
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exercise_utils.bonus_composed import checks, inputs, probes_ring, refs
+from exercise_utils.bonus_composed import bench, checks, inputs, probes_ring, refs
 from exercise_utils.notebook_files import extract_writefiles
 from grading import (assert_launched_cells_open_with_their_box,
                      assert_release_regions_in_function_bodies, autograde_solution_and_blank)
@@ -257,6 +258,32 @@ def test_the_ring_check_reports_piece_by_piece(tmp_path):
 def test_autograde_solution_and_blank(tmp_path):
     graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, CHECKS, 900)
     assert "init_device_mesh's" in graded and "(the same)" in graded
+    results = tmp_path / "course" / "autograded" / "solution" / STEM / "results"
+    assert_benchmark_rows(json.loads((results / "11_composed_bench.json").read_text()))
+
+
+def assert_benchmark_rows(rows):
+    """One row per rank and split of every launch; what the forward keeps is 1/c of one
+    process's (within 10 %); with the contiguous split the busiest rank computes c times the
+    idlest's entries (for c > 1), with the balanced split at most one chunk's square more;
+    every output equal to one process's attention (float32 rounding). No timing assertion."""
+    worlds = tuple(bench.WORLD_SIZES)
+    assert sorted((r["world_size"], r["layout"], r["rank"]) for r in rows) == sorted(
+        (c, kind, rank) for c in worlds for kind in bench.LAYOUTS for rank in range(c))
+    for r in rows:
+        c = r["world_size"]
+        assert abs(r["memory_ratio"] - 1 / c) <= 0.1 / c, r
+        assert r["max_err"] < 1e-5 and r["step_ms"] > 0, r
+        assert r["visible"] <= r["entries"], r
+    for row in bench.summary(rows):
+        c, S = row["world_size"], bench.S
+        chunk = S // (2 * c)
+        if row["layout"] == "contiguous" and c > 1:
+            assert row["imbalance"] == pytest.approx(c), row
+        if row["layout"] == "balanced":
+            assert row["entries_max"] - row["entries_min"] <= chunk * chunk, row
+    text = bench.table(rows)
+    assert "kept / one process" in text and "busiest / idlest" in text
 
 
 @pytest.mark.timeout(420)

@@ -12,6 +12,8 @@ Modules:
   ``dist.new_group`` logged, the collectives recorded);
 * ``probes_ring``: what runs inside the ranks of ``check_ring_attention`` (every point-to-point
   message recorded, the block products counted, what the forward keeps measured);
+* ``wire``: what the vocabulary-split and ring launches may put on the wire (the judge's:
+  hidden at grading);
 * ``requirements``: the contract, clause by clause, with the check cases that hold each;
 * ``bench``: your ring attention on 1, 2 and 4 ranks, the balanced split against the
   contiguous one: memory kept for the backward and work per rank;

@@ -16,6 +16,10 @@ from ..rankworker import salted_generator
 VOCAB_PER_RANK, D_EMB = 5, 6             # V = t * 5 classes, embeddings of 6 features
 ROWS = 7                                 # N rows of logits (odd)
 TOKENS = (3, 4)                          # a (B, T) batch of tokens
+# The sizes of each part: "small" (every launch) and "wire" (where links are observed, float64:
+# a table and logits wide enough that gathering either stands far above the all-reduces the
+# notebook asks for and the set-up; the ranks report digests of its gradients, not the whole)
+SIZES = {"small": (VOCAB_PER_RANK, D_EMB, ROWS, TOKENS), "wire": (1024, 32, 64, (4, 16))}
 BIG = 800.0                              # added to one row's logits: exp(800) overflows float64
 LOSS_SCALE = 2.5                         # the upstream gradient of the loss
 DTYPES = (torch.float64, torch.float32)
@@ -23,19 +27,21 @@ DTYPES = (torch.float64, torch.float32)
 VOCAB_LAUNCHES = (("two groups of 2", 4, ((0, 1), (2, 3))), ("the world of 3", 3, None))
 
 
-def table(salts, group_index, t, dtype):
-    """The full ``(t * VOCAB_PER_RANK, D_EMB)`` embedding table of a group: row block ``i``
-    from ``salts[i]`` (the number of the group's rank ``i``)."""
-    blocks = [torch.randn(VOCAB_PER_RANK, D_EMB, dtype=torch.float64,
+def table(salts, group_index, t, dtype, size="small"):
+    """The full ``(t * per_rank, d)`` embedding table of a group (``SIZES[size]``): row block
+    ``i`` from ``salts[i]`` (the number of the group's rank ``i``)."""
+    per, d, _, _ = SIZES[size]
+    blocks = [torch.randn(per, d, dtype=torch.float64,
                           generator=salted_generator(7100 + 10 * group_index + i, salts[i]))
               for i in range(t)]
     return torch.cat(blocks).to(dtype)
 
 
-def logits(salts, group_index, t, dtype):
-    """The full ``(ROWS, t * VOCAB_PER_RANK)`` logits of a group: column block ``i`` from
-    ``salts[i]``; row 1 shifted by ``BIG`` (only a stable loss survives it)."""
-    blocks = [3.0 * torch.randn(ROWS, VOCAB_PER_RANK, dtype=torch.float64,
+def logits(salts, group_index, t, dtype, size="small"):
+    """The full ``(rows, t * per_rank)`` logits of a group (``SIZES[size]``): column block ``i``
+    from ``salts[i]``; row 1 shifted by ``BIG`` (only a stable loss survives it)."""
+    per, _, rows, _ = SIZES[size]
+    blocks = [3.0 * torch.randn(rows, per, dtype=torch.float64,
                                 generator=salted_generator(7200 + 10 * group_index + i,
                                                            salts[i]))
               for i in range(t)]
@@ -44,20 +50,26 @@ def logits(salts, group_index, t, dtype):
     return full.to(dtype)
 
 
-def shared(salt0, group_index, t, dtype):
-    """What every rank of a group shares: ``(tokens (B, T), targets (ROWS,), upstream
-    gradient of the embedding (B, T, D_EMB))``, from rank 0's number; the tokens cover the
+def shared(salt0, group_index, t, dtype, size="small"):
+    """What every rank of a group shares: ``(tokens (B, T), targets (rows,), upstream
+    gradient of the embedding (B, T, d))``, from rank 0's number; the tokens cover the
     first and the last id of every rank's block."""
-    gen = salted_generator(7300 + group_index, salt0)
-    v = t * VOCAB_PER_RANK
-    tokens = torch.randint(0, v, TOKENS, generator=gen)
-    edges = torch.tensor([i * VOCAB_PER_RANK + e for i in range(t)
-                          for e in (0, VOCAB_PER_RANK - 1)])
+    per, d, rows, tokens_shape = SIZES[size]
+    gen = salted_generator(7300 + group_index + (0 if size == "small" else 50), salt0)
+    v = t * per
+    tokens = torch.randint(0, v, tokens_shape, generator=gen)
+    edges = torch.tensor([i * per + e for i in range(t) for e in (0, per - 1)])
     tokens.view(-1)[:edges.numel()] = edges[:tokens.numel()]
-    targets = torch.randint(0, v, (ROWS,), generator=gen)
+    targets = torch.randint(0, v, (rows,), generator=gen)
     targets[0], targets[-1] = 0, v - 1
-    upstream = torch.randn(*TOKENS, D_EMB, dtype=torch.float64, generator=gen).to(dtype)
+    upstream = torch.randn(*tokens_shape, d, dtype=torch.float64, generator=gen).to(dtype)
     return tokens, targets, upstream
+
+
+def projection(n):
+    """A fixed vector of ``n`` float64 numbers: a wide gradient is reported as its product with
+    it (a digest: the rows of the gradient, each as one number)."""
+    return torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(7800 + n))
 
 
 def mesh_value(salt, rank):
@@ -73,6 +85,11 @@ RING_CASES = (("causal-balanced-float64", torch.float64, "balanced", True, 13),
               ("causal-contiguous-float64", torch.float64, "contiguous", True, 11),
               ("full-contiguous-float64", torch.float64, "contiguous", False, 10),
               ("causal-balanced-float32", torch.float32, "balanced", True, 24))
+# Where links are observed, one case more on every ring: a sequence long and wide enough
+# (WIRE_HD features per head) that a block of keys and values sent anywhere but to the next rank
+# of the ring stands far above the set-up; the ranks report digests of its values
+RING_WIRE_CASE = ("causal-balanced-wire-float64", torch.float64, "balanced", True, 1024)
+WIRE_HD = 32
 # (launch name, world size, the rings the probe makes: tuples of global ranks; None = the world)
 RING_LAUNCHES = (("a ring of 3", 3, (None,)),
                  ("a ring of 4, two rings of 2 and rings of 1", 4,
@@ -89,13 +106,23 @@ def layout(kind, S, c):
     return [torch.cat([chunks[r], chunks[2 * c - 1 - r]]) for r in range(c)]
 
 
-def qkv(salts, positions, case_index, dtype):
-    """``(q, k, v, dout)`` of the whole sequence, ``(B, H, S, HD)``: the tokens of ring rank
+def ring_cases(wire):
+    """The cases every ring runs: :data:`RING_CASES`, and :data:`RING_WIRE_CASE` where links
+    are observed."""
+    return RING_CASES + ((RING_WIRE_CASE,) if wire else ())
+
+
+def head_dim(case):
+    return WIRE_HD if case[0].endswith("wire-float64") else HD
+
+
+def qkv(salts, positions, case_index, dtype, hd=HD):
+    """``(q, k, v, dout)`` of the whole sequence, ``(B, H, S, hd)``: the tokens of ring rank
     ``i`` (``positions[i]``) from ``salts[i]``."""
     S = sum(len(p) for p in positions)
-    full = torch.zeros(4, B, H, S, HD, dtype=torch.float64)
+    full = torch.zeros(4, B, H, S, hd, dtype=torch.float64)
     for i, pos in enumerate(positions):
         gen = salted_generator(7600 + 10 * case_index + i, salts[i])
-        full[:, :, :, pos] = torch.randn(4, B, H, len(pos), HD, dtype=torch.float64,
+        full[:, :, :, pos] = torch.randn(4, B, H, len(pos), hd, dtype=torch.float64,
                                          generator=gen)
     return tuple(t.to(dtype) for t in full)

@@ -208,45 +208,56 @@ def _reduce_from_group(student, rec, group, gr, salt):
             "forward": forward, "backward": rec.take()}
 
 
-def _embedding(student, rec, group, gi, t, gr, mine, salt0, dtype):
-    table = inputs.table(mine, gi, t, dtype)
+def _digest(grad, size):
+    """A gradient as the plain data of a report: whole (``"small"``), or each row's product
+    with :func:`.inputs.projection` (``"wire"``: too wide to send whole)."""
+    if grad is None or size == "small":
+        return _arr(grad)
+    return _arr(grad.detach().double() @ inputs.projection(grad.shape[-1]))
+
+
+def _embedding(student, rec, group, gi, t, gr, mine, salt0, dtype, size="small"):
+    table = inputs.table(mine, gi, t, dtype, size)
     emb = torch.nn.Embedding.from_pretrained(table.clone(), freeze=False)
-    tokens, _, upstream = inputs.shared(salt0, gi, t, dtype)
+    tokens, _, upstream = inputs.shared(salt0, gi, t, dtype, size)
     tokens_before = tokens.clone()
     shard = student.VocabParallelEmbedding.from_embedding(emb, group)
     got = {"source_kept": bool(torch.equal(emb.weight.detach(), table))}
     w = getattr(shard, "weight", None)
     got["weight"] = None if not isinstance(w, torch.Tensor) else {
-        "value": _arr(w), "dtype": str(w.dtype), "requires_grad": bool(w.requires_grad),
+        "value": _digest(w, size), "dtype": str(w.dtype), "requires_grad": bool(w.requires_grad),
         "is_view": bool(w.data_ptr() >= emb.weight.data_ptr()
                         and w.data_ptr() < emb.weight.data_ptr() + emb.weight.numel()
                         * emb.weight.element_size())}
-    shaped = torch.tensor([1 if isinstance(w, torch.Tensor) and tuple(w.shape) == (
-        inputs.VOCAB_PER_RANK, inputs.D_EMB) else 0])
+    per, d, _, _ = inputs.SIZES[size]
+    shaped = torch.tensor([1 if isinstance(w, torch.Tensor) and tuple(w.shape) == (per, d)
+                           else 0])
     rec.call("all_reduce", shaped, op=dist.ReduceOp.MIN)
     got["tokens_kept"], got["emb_grad"], got["outs"] = True, False, None
     if not int(shaped):         # a shard of the wrong rows: the judge says which rows
         return got
     rec.take()
     outs = {}
-    for name, toks, up in (("2-d", tokens, upstream), ("1-d", tokens[0], upstream[0])):
+    cases = (("2-d", tokens, upstream),) + ((("1-d", tokens[0], upstream[0]),)
+                                            if size == "small" else ())
+    for name, toks, up in cases:
         y = shard(toks)
         outs[name] = {"y": _arr(y), "dtype": str(y.dtype), "forward": rec.take()}
         if y.requires_grad:
             (y * up).sum().backward()
         outs[name]["backward"] = rec.take()
-        outs[name]["grad"] = _arr(getattr(shard, "weight").grad)
+        outs[name]["grad"] = _digest(getattr(shard, "weight").grad, size)
         shard.weight.grad = None
     got.update(outs=outs, tokens_kept=bool(torch.equal(tokens, tokens_before)),
                emb_grad=emb.weight.grad is not None)
     return got
 
 
-def _loss(student, rec, group, gi, t, gr, mine, salt0, dtype):
-    full = inputs.logits(mine, gi, t, dtype)
-    k = inputs.VOCAB_PER_RANK
+def _loss(student, rec, group, gi, t, gr, mine, salt0, dtype, size="small"):
+    full = inputs.logits(mine, gi, t, dtype, size)
+    k = inputs.SIZES[size][0]
     logits = full[:, gr * k:(gr + 1) * k].clone().requires_grad_(True)
-    _, targets, _ = inputs.shared(salt0, gi, t, dtype)
+    _, targets, _ = inputs.shared(salt0, gi, t, dtype, size)
     kept = (logits.detach().clone(), targets.clone())
     rec.take()
     loss = student.vocab_parallel_cross_entropy(logits, targets, group)
@@ -256,13 +267,14 @@ def _loss(student, rec, group, gi, t, gr, mine, salt0, dtype):
     return {"loss": float(loss.detach()) if isinstance(loss, torch.Tensor) else repr(loss),
             "dim": loss.dim() if isinstance(loss, torch.Tensor) else None,
             "dtype": str(getattr(loss, "dtype", type(loss).__name__)),
-            "grad": _arr(logits.grad), "forward": forward, "backward": backward,
+            "grad": _digest(logits.grad, size), "forward": forward, "backward": backward,
             "kept": bool(torch.equal(logits.detach(), kept[0]) and torch.equal(targets, kept[1]))}
 
 
-def probe_vocab(student, ctx, groups=None):
+def probe_vocab(student, ctx, groups=None, wire=False):
     """``{"salt0", "group": index, "parts": {part: result}, "hidden": [...]}``: the pieces on
-    this rank's group (``groups``: the tensor-parallel groups to make, None: the world)."""
+    this rank's group (``groups``: the tensor-parallel groups to make, None: the world;
+    ``wire``: the wide float64 parts too, :data:`.inputs.SIZES`)."""
     torch.set_num_threads(1)
     salt = torch.tensor([getattr(ctx, "salt", 0) if ctx.rank == 0 else 0], dtype=torch.int64)
     dist.broadcast(salt, src=0)
@@ -286,7 +298,13 @@ def probe_vocab(student, ctx, groups=None):
                   for d in inputs.DTYPES),
                 *((f"loss-{str(d)[6:]}", "vp-loss",
                    lambda d=d: _loss(student, rec, group, gi, t, gr, mine, salt0, d))
-                  for d in inputs.DTYPES)):
+                  for d in inputs.DTYPES),
+                *((("embedding-wire", "vp-embedding",
+                    lambda: _embedding(student, rec, group, gi, t, gr, mine, salt0,
+                                       torch.float64, "wire")),
+                   ("loss-wire", "vp-loss",
+                    lambda: _loss(student, rec, group, gi, t, gr, mine, salt0, torch.float64,
+                                  "wire"))) if wire else ())):
             ctx.case(case)
             try:
                 parts[name] = run()

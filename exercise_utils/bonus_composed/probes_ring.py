@@ -153,12 +153,22 @@ def _kept_bytes(node, seen=None):
     return total
 
 
+def _digest(t, wide):
+    """A tensor as the plain data of a report: whole, or (``wide``) each row's product with
+    :func:`.inputs.projection`."""
+    if t is None or not wide:
+        return _arr(t)
+    return _arr(t.detach().double() @ inputs.projection(t.shape[-1]))
+
+
 def _run_case(student, group, ring, index, case, mine, log, nbrs):
     name, dtype, kind, causal, S = case
     c = len(ring)
     me = ring.index(dist.get_rank())
     positions = inputs.layout(kind, S, c)
-    q, k, v, dout = inputs.qkv(mine, positions, index, dtype)
+    hd = inputs.head_dim(case)
+    wide = hd != inputs.HD
+    q, k, v, dout = inputs.qkv(mine, positions, index, dtype, hd)
     pos = positions[me]
     q, k, v = (t[:, :, pos].clone().requires_grad_(True) for t in (q, k, v))
     dout = dout[:, :, pos].clone()
@@ -176,13 +186,14 @@ def _run_case(student, group, ring, index, case, mine, log, nbrs):
     backward = list(log)
     own = sum(t.numel() * t.element_size() for t in (q, k, v, out)) + out[..., 0].numel() * \
         out.element_size()
-    return {"out": _arr(out), "dtype": str(out.dtype), "dq": _arr(q.grad), "dk": _arr(k.grad),
-            "dv": _arr(v.grad), "forward": forward, "backward": backward, "kept": kept,
+    return {"out": _digest(out, wide), "dtype": str(out.dtype), "dq": _digest(q.grad, wide),
+            "dk": _digest(k.grad, wide), "dv": _digest(v.grad, wide), "forward": forward,
+            "backward": backward, "kept": kept,
             "own": own, "neighbours": list(nbrs), "positions": [p.tolist() for p in positions],
             "backward_raised": raised}
 
 
-def probe_ring(student, ctx, rings):
+def probe_ring(student, ctx, rings, wire=False):
     """``{"pure": ... (rank 0), "rings": [{"ring": ranks, "cases": {name: result}}]}``."""
     torch.set_num_threads(1)
     own = getattr(ctx, "salt", 0)
@@ -214,7 +225,7 @@ def probe_ring(student, ctx, rings):
         with PointToPoint(student, expect) as rec:
             originals = _counting(student, rec.log)
             try:
-                for index, case in enumerate(inputs.RING_CASES):
+                for index, case in enumerate(inputs.ring_cases(wire)):
                     ctx.case("ring-messages" if len(ring) > 1 else "ring-values")
                     try:
                         results[case[0]] = _run_case(student, group, list(ring), index, case,

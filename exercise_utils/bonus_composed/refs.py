@@ -43,29 +43,38 @@ def mesh(rank, dp, pp, tp):
             "next": stages[c["pp"] + 1] if c["pp"] + 1 < pp else None}
 
 
-def vocab(salts, salt0, group_index, t, dtype):
-    """One process on a group's whole table and logits: ``{"emb": output, "emb_grad": the
-    table's gradient, "loss": float, "logits_grad": (ROWS, V)}``, float64 arrays."""
-    table = inputs.table(salts, group_index, t, dtype).requires_grad_(True)
-    tokens, targets, upstream = inputs.shared(salt0, group_index, t, dtype)
+def vocab(salts, salt0, group_index, t, dtype, size="small"):
+    """One process on a group's whole table and logits (``inputs.SIZES[size]``): ``{"emb":
+    output, "emb_grad": the table's gradient, "loss": float, "logits_grad": (rows, V)}``,
+    float64 arrays."""
+    table = inputs.table(salts, group_index, t, dtype, size).requires_grad_(True)
+    tokens, targets, upstream = inputs.shared(salt0, group_index, t, dtype, size)
     out = F.embedding(tokens, table)
     (out * upstream).sum().backward()
-    logits = inputs.logits(salts, group_index, t, dtype).requires_grad_(True)
+    logits = inputs.logits(salts, group_index, t, dtype, size).requires_grad_(True)
     loss = F.cross_entropy(logits, targets)
     (loss * inputs.LOSS_SCALE).backward()
     return {"emb": out.detach().double().numpy(), "emb_grad": table.grad.double().numpy(),
             "loss": float(loss.detach()), "logits_grad": logits.grad.double().numpy()}
 
 
-def embedding_grads(salts, members, salt0, group_index, t, dtype):
+def digest(grad, size):
+    """What a rank reports of a gradient (:func:`.probes._digest`'s rule): whole, or each row
+    times :func:`.inputs.projection`."""
+    if size == "small":
+        return grad
+    return grad @ inputs.projection(grad.shape[-1]).numpy()
+
+
+def embedding_grads(salts, members, salt0, group_index, t, dtype, size="small"):
     """The full table's gradient after the forward on the 2-D tokens and, apart, on their first
     row (the 1-D case), float64 arrays."""
     dtype = getattr(torch, dtype)
-    tokens, _, upstream = inputs.shared(salt0, group_index, t, dtype)
+    tokens, _, upstream = inputs.shared(salt0, group_index, t, dtype, size)
     grads = {}
     for name, toks, up in (("2-d", tokens, upstream), ("1-d", tokens[0], upstream[0])):
-        table = inputs.table([salts[r] for r in members], group_index, t,
-                             dtype).requires_grad_(True)
+        table = inputs.table([salts[r] for r in members], group_index, t, dtype,
+                             size).requires_grad_(True)
         (F.embedding(toks, table) * up).sum().backward()
         grads[name] = table.grad.double().numpy()
     return grads

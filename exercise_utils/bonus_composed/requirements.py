@@ -69,7 +69,8 @@ CONTRACT = {
         Clause("loss-three", "in the forward exactly three ``dist.all_reduce`` over ``group``, "
                "each of ``N`` numbers: the rows' maxima (``op=dist.ReduceOp.MAX``), the rows' "
                "sums of exponentials, and the target logits (each from the rank that holds the "
-               "target's column, zero on the others).", cases=("vp-collectives", "vp-loss")),
+               "target's column, zero on the others).",
+               cases=("vp-collectives", "vp-loss", "vp-wire")),
         Clause("loss-backward", "None in the backward, which returns ``logits.grad`` = this "
                "rank's columns of the full gradient, ``(softmax(full logits) - "
                "one_hot(targets)) / N`` times the incoming gradient",
@@ -110,7 +111,8 @@ CONTRACT["ring_attention"] = [
            cases=("ring-values",)),
     Clause("messages", "Only ``dist.isend`` / ``dist.irecv`` (or ``send`` / ``recv``) with the "
            "two ring neighbours, no collective; per message at most one block's keys and "
-           "values (and, in the backward, their gradients).", cases=("ring-messages",)),
+           "values (and, in the backward, their gradients).",
+           cases=("ring-messages", "ring-wire")),
     Clause("memory", "What the forward keeps for the backward is this rank's own ``q``, ``k``, "
            "``v``, ``out`` and the log-sum-exp, never a block received from another rank",
            cases=("ring-memory",)),

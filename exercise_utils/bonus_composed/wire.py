@@ -1,0 +1,120 @@
+"""What notebook 11's vocabulary-split and ring-attention launches may put on the wire (the
+judge's: no probe imports this module, so at grading no rank can read it).
+
+Where links are observed (grading; :func:`exercise_utils.harness.observing`) every launch of
+``check_vocab_parallel`` and ``check_ring_attention`` runs each rank as a host of a mesh and the
+judge reads the bytes of every link from the kernel's counters, outside the ranks: whatever the
+ranks do to the recorders in their own memory, they must carry what the notebook asks for. Each
+launch then holds wide float64 parts more (:data:`.inputs.SIZES` ``"wire"``, and the ring's
+:data:`.inputs.RING_WIRE_CASE`), so that hidden traffic (the table or the logits gathered, a
+block of keys sent to a rank that is not a ring neighbour) stands far above the set-up.
+
+* :func:`vocab_envelope`, all links together (the core's model,
+  :func:`exercise_utils.wire.envelope`), per tensor-parallel group: ``ReduceFromGroup`` alone,
+  each embedding forward's all-reduce of its output, each loss's three all-reduces of ``N``
+  numbers; over the world the probe's own calls (rank 0's number, a flag per embedding part)
+  and the set-up;
+* :func:`ring_envelope`, per directed link: from each rank to the next of its ring, every
+  forward's ``c - 1`` blocks of keys and values (sent at most whole: a block's ``k`` and ``v``)
+  and every backward's ``c`` blocks with their gradients (the last hop's keys and values may be
+  left out: least), each number at most 8 bytes (a file may accumulate the gradients in
+  float64); links between ranks that are not ring neighbours carry the set-up only.
+
+Used in 11_bonus_composed (by :mod:`.checks` and :mod:`.checks_ring`).
+"""
+from .. import wire
+from ..contract import fail
+from . import inputs
+
+ITEM = {"float32": 4, "float64": 8}
+LINK_SETUP = 32_000      # bytes per link beyond the messages (set-up, the closing barrier)
+
+
+def vocab_calls(t, wide):
+    """The collectives (``(kind, bytes)``) one tensor-parallel group of ``t`` ranks makes in a
+    launch of ``check_vocab_parallel`` (``wide``: with the wire parts)."""
+    calls = [("all_reduce", 12 * 8)]                         # ReduceFromGroup on (3, 4) float64
+    parts = [("float64", "small"), ("float32", "small")] + ([("float64", "wire")] if wide else [])
+    for dtype, size in parts:
+        _, d, rows, tokens = inputs.SIZES[size]
+        outputs = [tokens[0] * tokens[1] * d] + ([tokens[1] * d] if size == "small" else [])
+        calls += [("all_reduce", n * ITEM[dtype]) for n in outputs]
+        calls += [("all_reduce", rows * ITEM[dtype])] * 3
+    return calls
+
+
+def vocab_envelope(size, groups, wide):
+    """``(least, most)`` bytes all links of a launch of ``size`` ranks carry, ``groups`` its
+    tensor-parallel groups (None: the world)."""
+    groups = [tuple(range(size))] if groups is None else groups
+    world = [("broadcast", 8)] + [("all_reduce", 8)] * (3 if wide else 2) + [("barrier", 0)]
+    least, most = wire.envelope(world, size)
+    for g in groups:
+        lo, hi = wire.envelope(vocab_calls(len(g), wide), len(g), setup=0)
+        least, most = least + lo, most + hi
+    return least, most
+
+
+def check_vocab_wire(links, size, groups, launch):
+    """Fail ``vp-wire`` when the bytes the network counted (``links``, read outside the ranks;
+    empty where not observed) lie outside :func:`vocab_envelope`."""
+    wire.check(links, vocab_envelope(size, groups, True), "vp-wire",
+               f"check_vocab_parallel with {launch}",
+               "per group one all_reduce in ReduceFromGroup, one of the output in each "
+               "embedding forward and three of N numbers in each loss's forward, nothing else "
+               "(the table and the logits never leave their ranks)")
+
+
+def ring_envelope(size, rings, cases):
+    """``{(i, j): (least, most)}`` bytes rank i may send to rank j over the ``rings`` of a
+    launch (lists of global ranks) and its ``cases`` (:data:`.inputs.RING_CASES` rows)."""
+    bounds = {(i, j): [0, 0] for i in range(size) for j in range(size) if i != j}
+    for ring in rings:
+        c = len(ring)
+        if c == 1:
+            continue
+        for case in cases:
+            _, dtype, kind, _, S = case
+            item = ITEM[str(dtype).replace("torch.", "")]
+            lengths = [len(p) for p in inputs.layout(kind, S, c)]
+            block = [inputs.B * inputs.H * n * inputs.head_dim(case) for n in lengths]
+            for me, rank in enumerate(ring):
+                nxt = ring[(me + 1) % c]
+                held = [(me - step) % c for step in range(c)]
+                forward = sum(2 * block[src] for src in held[:-1])
+                backward = sum(4 * block[src] for src in held)
+                least = item * (forward + backward - 2 * block[held[-1]])
+                most = 8 * (forward + backward)
+                msgs = 4 * (2 * c - 1)                     # k, v apart; k, v, dk, dv apart
+                link = bounds[rank, nxt]
+                link[0] += least
+                link[1] += most * (1 + wire.OVERHEAD) + msgs * wire.PER_MESSAGE
+                back = bounds[nxt, rank]                   # the acknowledgements
+                back[1] += most * wire.OVERHEAD + msgs * wire.PER_MESSAGE
+    return {link: (int(lo * (1 - wire.OVERHEAD)), int(hi) + LINK_SETUP)
+            for link, (lo, hi) in bounds.items()}
+
+
+def check_ring_wire(links, size, rings, cases, launch):
+    """Fail ``ring-wire`` when the bytes the network counted on a directed link (``links``, read
+    outside the ranks; empty where not observed) lie outside :func:`ring_envelope`."""
+    if not links:
+        return
+    for (i, j), (least, most) in sorted(ring_envelope(size, rings, cases).items()):
+        sent = links.get((i, j), 0)
+        if least <= sent <= most:
+            continue
+        neighbours = any(len(r) > 1 and i in r and r[(r.index(i) + 1) % len(r)] == j
+                         for r in rings)
+        carried = ("every block of keys and values it passes on, and their gradients in the "
+                   "backward" if neighbours else "the set-up only: no ring makes rank "
+                   f"{j} the next of rank {i}")
+        why = ("more: data sent beside the messages the check records (through a "
+               "ProcessGroup or a handle of your own?)" if sent > most else
+               "less: the messages the check recorded did not all carry what they seem to")
+        fail("ring-wire",
+             f"with {launch}, the network counted {sent:,} bytes sent by rank {i} to rank {j}; "
+             f"that link carries {carried}: {least:,} to {most:,} bytes (headers and set-up "
+             f"included). Your ranks sent {why}; the bytes come from the kernel's counters of "
+             f"each link, read outside the ranks. A rank sends only to the next rank of its "
+             f"ring.")
