@@ -44,7 +44,10 @@ VOCAB_PIECES = ("ReduceFromGroup.forward", "ReduceFromGroup.backward",
                 "VocabParallelCrossEntropy.forward", "VocabParallelCrossEntropy.backward")
 
 
-def _unfinished(found, path, pieces, sizes, passed):
+def unfinished(found, path, pieces, sizes, passed):
+    """The verdict of a check whose finished pieces all passed: ``found`` (the functions the
+    ranks found unwritten) and those of ``pieces`` whose body still raises, in the order of
+    ``pieces``; ``passed``: the pieces that passed with ``sizes`` ranks."""
     order = list(pieces)
     todo = [n for n in unimplemented(path) if n in order]
     todo = sorted(dict.fromkeys(found + todo), key=lambda n: order.index(n) if n in order
@@ -161,7 +164,7 @@ def check_mesh(path):
             _check_meshes(size, res, salts)
         if found:
             passed = [n for n in ("mesh_coords", "mesh_lines") if n not in found]
-            _unfinished(found, path, MESH_PIECES, f"{size}", passed)
+            unfinished(found, path, MESH_PIECES, f"{size}", passed)
 
 
 # ------------------------------------------------------------------ the vocabulary
@@ -218,62 +221,69 @@ def _part(kind, dtype, size):
     return f"{kind}-{dtype}" if size == "small" else f"{kind}-wire"
 
 
-def _check_embedding(size, res, salts, launch):
+def _group_parts(res, kind):
+    """``(rank, out, members, group index, t, group rank, dtype, size, result)`` for every
+    finished part of ``kind`` (``"embedding"`` or ``"loss"``) on every rank."""
     for rank, out in enumerate(res):
         members, gi = out["members"], out["group"]
-        t, gr = len(members), members.index(rank)
         for dtype, part in PARTS:
-            got = out["parts"].get(_part("embedding", dtype, part))
-            if got is None or "todo" in got:
-                continue
-            k = inputs.SIZES[part][0]
-            own = [salts[r] for r in members]
-            ref = refs.vocab(own, out["salt0"], gi, t, getattr(torch, dtype), part)
-            full = inputs.table(own, gi, t, getattr(torch, dtype), part).double().numpy()
-            wide = "" if part == "small" else " (the wide table)"
-            where = (f"with {launch}, rank {rank} (group rank {gr} of {t}): "
-                     f"VocabParallelEmbedding.from_embedding(emb, group) in {dtype}{wide}")
-            if not got["source_kept"] or got["emb_grad"]:
-                fail("vp-embedding", f"{where} changed emb or let gradients reach it: emb "
-                                     "itself is left as it is (its shard is a copy)")
-            w = got["weight"]
-            if w is None:
-                fail("vp-embedding", f"{where} has no weight tensor")
-            _close("vp-embedding", f"{where}.weight", w["value"],
-                   refs.digest(full[gr * k:(gr + 1) * k], part), 0.0 if part == "small"
-                   else 1e-12, f" (group rank r holds rows [r*k, (r+1)*k) of the table, k = "
-                               f"V / t = {k})")
-            if got["outs"] is None:
-                fail("vp-embedding", f"{where}: a rank's weight has another shape than "
-                                     f"({k}, {inputs.SIZES[part][1]}) (group rank r holds rows "
-                                     f"[r*k, (r+1)*k) of the table, k = V / t = {k})")
-            if w["is_view"] or w["dtype"] != f"torch.{dtype}" or not w["requires_grad"]:
-                fail("vp-embedding", f"{where}.weight: a view of emb's weight "
-                                     f"{w['is_view']}, dtype {w['dtype']}, requires_grad "
-                                     f"{w['requires_grad']}; expected a copy of emb's dtype "
-                                     "that requires grad")
-            tol = TOL[dtype]
-            want_grad = refs.embedding_grads(salts, members, out["salt0"], gi, t, dtype, part)
-            for name, o in got["outs"].items():
-                what = f"{where}: forward on {name} tokens"
-                want_y = ref["emb"] if name == "2-d" else ref["emb"][0]
-                _close("vp-embedding", f"{what}: the output", o["y"], want_y, tol,
-                       " (every rank returns the full table's embedding: its rows' lookups, "
-                       "zeros for the other tokens, summed over the group)")
-                if o["dtype"] != f"torch.{dtype}":
-                    fail("vp-embedding", f"{what}: the output is {o['dtype']}, expected "
-                                         f"torch.{dtype}")
-                _collectives(what, o["forward"], [int(np.size(want_y))],
-                             f"one all_reduce of the output's {np.size(want_y)} numbers")
-                _collectives(f"{what}: its backward", o["backward"], [], "none (the "
-                             "backward of a sum is the identity)")
-                _close("vp-embedding", f"{where}: the gradient of weight after the forward on "
-                       f"{name} tokens", o["grad"],
-                       refs.digest(want_grad[name][gr * k:(gr + 1) * k], part), tol,
-                       " (its rows of the full table's gradient; the backward does not sum)")
-            if not got["tokens_kept"]:
-                fail("vp-embedding", f"{where}: the forward modified the tokens in place")
-        bad = out["parts"]["not-divisible"]
+            got = out["parts"].get(_part(kind, dtype, part))
+            if got is not None and "todo" not in got:
+                yield (rank, out, members, gi, len(members), members.index(rank), dtype, part,
+                       got)
+
+
+def _check_embedding(size, res, salts, launch):
+    for rank, out, members, gi, t, gr, dtype, part, got in _group_parts(res, "embedding"):
+        k = inputs.SIZES[part][0]
+        own = [salts[r] for r in members]
+        ref = refs.vocab(own, out["salt0"], gi, t, getattr(torch, dtype), part)
+        full = inputs.table(own, gi, t, getattr(torch, dtype), part).double().numpy()
+        wide = "" if part == "small" else " (the wide table)"
+        where = (f"with {launch}, rank {rank} (group rank {gr} of {t}): "
+                 f"VocabParallelEmbedding.from_embedding(emb, group) in {dtype}{wide}")
+        if not got["source_kept"] or got["emb_grad"]:
+            fail("vp-embedding", f"{where} changed emb or let gradients reach it: emb "
+                                 "itself is left as it is (its shard is a copy)")
+        w = got["weight"]
+        if w is None:
+            fail("vp-embedding", f"{where} has no weight tensor")
+        _close("vp-embedding", f"{where}.weight", w["value"],
+               refs.digest(full[gr * k:(gr + 1) * k], part), 0.0 if part == "small"
+               else 1e-12, f" (group rank r holds rows [r*k, (r+1)*k) of the table, k = "
+                           f"V / t = {k})")
+        if got["outs"] is None:
+            fail("vp-embedding", f"{where}: a rank's weight has another shape than "
+                                 f"({k}, {inputs.SIZES[part][1]}) (group rank r holds rows "
+                                 f"[r*k, (r+1)*k) of the table, k = V / t = {k})")
+        if w["is_view"] or w["dtype"] != f"torch.{dtype}" or not w["requires_grad"]:
+            fail("vp-embedding", f"{where}.weight: a view of emb's weight "
+                                 f"{w['is_view']}, dtype {w['dtype']}, requires_grad "
+                                 f"{w['requires_grad']}; expected a copy of emb's dtype "
+                                 "that requires grad")
+        tol = TOL[dtype]
+        want_grad = refs.embedding_grads(salts, members, out["salt0"], gi, t, dtype, part)
+        for name, o in got["outs"].items():
+            what = f"{where}: forward on {name} tokens"
+            want_y = ref["emb"] if name == "2-d" else ref["emb"][0]
+            _close("vp-embedding", f"{what}: the output", o["y"], want_y, tol,
+                   " (every rank returns the full table's embedding: its rows' lookups, "
+                   "zeros for the other tokens, summed over the group)")
+            if o["dtype"] != f"torch.{dtype}":
+                fail("vp-embedding", f"{what}: the output is {o['dtype']}, expected "
+                                     f"torch.{dtype}")
+            _collectives(what, o["forward"], [int(np.size(want_y))],
+                         f"one all_reduce of the output's {np.size(want_y)} numbers")
+            _collectives(f"{what}: its backward", o["backward"], [], "none (the "
+                         "backward of a sum is the identity)")
+            _close("vp-embedding", f"{where}: the gradient of weight after the forward on "
+                   f"{name} tokens", o["grad"],
+                   refs.digest(want_grad[name][gr * k:(gr + 1) * k], part), tol,
+                   " (its rows of the full table's gradient; the backward does not sum)")
+        if not got["tokens_kept"]:
+            fail("vp-embedding", f"{where}: the forward modified the tokens in place")
+    for rank, out in enumerate(res):
+        bad, t = out["parts"]["not-divisible"], len(out["members"])
         k = inputs.VOCAB_PER_RANK
         if "todo" not in bad and bad.get("raised") != "ValueError":
             did = f"raised {bad['raised']} ({bad['message']})" if "raised" in bad else "returned"
@@ -284,38 +294,32 @@ def _check_embedding(size, res, salts, launch):
 
 
 def _check_loss(size, res, salts, launch):
-    for rank, out in enumerate(res):
-        members, gi = out["members"], out["group"]
-        t, gr = len(members), members.index(rank)
-        for dtype, part in PARTS:
-            got = out["parts"].get(_part("loss", dtype, part))
-            if got is None or "todo" in got:
-                continue
-            k, rows = inputs.SIZES[part][0], inputs.SIZES[part][2]
-            ref = refs.vocab([salts[r] for r in members], out["salt0"], gi, t,
-                             getattr(torch, dtype), part)
-            tol = TOL[dtype]
-            wide = "" if part == "small" else f" (the wide logits, {rows} x {t * k})"
-            where = (f"with {launch}, rank {rank} (group rank {gr} of {t}): "
-                     f"vocab_parallel_cross_entropy in {dtype}{wide}")
-            if got["dim"] != 0 or got["dtype"] != f"torch.{dtype}":
-                fail("vp-loss", f"{where} returned {got['dtype']} of dim {got['dim']}; expected "
-                                f"a 0-dim tensor of the logits' dtype (torch.{dtype})")
-            _close("vp-loss", f"{where}: the loss", [got["loss"]], [ref["loss"]], tol,
-                   " (the mean over the rows of -log softmax(full logits)[target], every row's "
-                   "maximum over all V columns subtracted before exp; row 1's logits are near "
-                   f"{inputs.BIG:g})")
-            _close("vp-loss", f"{where}: the gradient of the logits", got["grad"],
-                   refs.digest(ref["logits_grad"][:, gr * k:(gr + 1) * k], part), tol,
-                   f" (this rank's columns of (softmax - one_hot) / N times the incoming "
-                   f"gradient, {inputs.LOSS_SCALE:g} here)")
-            if not got["kept"]:
-                fail("vp-loss", f"{where} modified the logits or the targets in place")
-            _collectives(where, got["forward"], [rows] * 3,
-                         f"three all_reduce of N = {rows} numbers (the maxima, the sums of "
-                         "exponentials, the target logits); the full logits are never gathered")
-            _collectives(f"{where}: its backward", got["backward"], [], "none: the backward "
-                         "needs only what the forward saved")
+    for rank, out, members, gi, t, gr, dtype, part, got in _group_parts(res, "loss"):
+        k, rows = inputs.SIZES[part][0], inputs.SIZES[part][2]
+        ref = refs.vocab([salts[r] for r in members], out["salt0"], gi, t,
+                         getattr(torch, dtype), part)
+        tol = TOL[dtype]
+        wide = "" if part == "small" else f" (the wide logits, {rows} x {t * k})"
+        where = (f"with {launch}, rank {rank} (group rank {gr} of {t}): "
+                 f"vocab_parallel_cross_entropy in {dtype}{wide}")
+        if got["dim"] != 0 or got["dtype"] != f"torch.{dtype}":
+            fail("vp-loss", f"{where} returned {got['dtype']} of dim {got['dim']}; expected "
+                            f"a 0-dim tensor of the logits' dtype (torch.{dtype})")
+        _close("vp-loss", f"{where}: the loss", [got["loss"]], [ref["loss"]], tol,
+               " (the mean over the rows of -log softmax(full logits)[target], every row's "
+               "maximum over all V columns subtracted before exp; row 1's logits are near "
+               f"{inputs.BIG:g})")
+        _close("vp-loss", f"{where}: the gradient of the logits", got["grad"],
+               refs.digest(ref["logits_grad"][:, gr * k:(gr + 1) * k], part), tol,
+               f" (this rank's columns of (softmax - one_hot) / N times the incoming "
+               f"gradient, {inputs.LOSS_SCALE:g} here)")
+        if not got["kept"]:
+            fail("vp-loss", f"{where} modified the logits or the targets in place")
+        _collectives(where, got["forward"], [rows] * 3,
+                     f"three all_reduce of N = {rows} numbers (the maxima, the sums of "
+                     "exponentials, the target logits); the full logits are never gathered")
+        _collectives(f"{where}: its backward", got["backward"], [], "none: the backward "
+                     "needs only what the forward saved")
 
 
 @check
@@ -357,4 +361,4 @@ def check_vocab_parallel(path):
                                      ("VocabParallelEmbedding", VOCAB_PIECES[2:4]),
                                      ("VocabParallelCrossEntropy", VOCAB_PIECES[4:]))
                   if not set(names) & set(found + unimplemented(path))]
-        _unfinished(found, path, VOCAB_PIECES, "4 and 3", passed)
+        unfinished(found, path, VOCAB_PIECES, "4 and 3", passed)

@@ -35,8 +35,9 @@ import numpy as np
 
 from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, observing, run_ranks
-from ..notebook_files import no_file, unimplemented, unwritten
+from ..notebook_files import no_file, unimplemented
 from . import inputs, probes_ring, refs
+from .checks import unfinished
 from .wire import check_ring_wire
 
 __all__ = ["check_ring_attention"]
@@ -297,10 +298,5 @@ def check_ring_attention(path):
         if not found:
             check_ring_wire(links, size, _rings(size, rings), cases, launch)
     if found:
-        todo = [n for n in unimplemented(path) if n in PIECES]
-        todo = sorted(dict.fromkeys(found + todo), key=lambda n: PIECES.index(n)
-                      if n in PIECES else len(PIECES))
-        passed = [p for p in PIECES if p not in todo]
-        raise CheckFailure("not implemented yet: " + unwritten(
-            todo[0], path, todo[1:], passed="Finished and passing with 3 and 4 ranks: "
-            f"{', '.join(passed)}." if passed else ""))
+        passed = [p for p in PIECES if p not in found + unimplemented(path)]
+        unfinished(found, path, PIECES, "3 and 4", passed)
