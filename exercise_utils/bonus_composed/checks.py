@@ -68,21 +68,27 @@ def _check_pure(pure):
         for rank, item in enumerate(got):
             want = refs.coords(rank, dp, pp, tp)
             want = [want["dp"], want["pp"], want["tp"]]
-            if item.get("value") != want or item.get("type") != "tuple":
+            if (item.get("value") != want or item.get("type") != "tuple"
+                    or item.get("numbers") != ["int"]):
                 said = (f"raised {item['raised']} ({item['message']})" if "raised" in item
-                        else f"returned {item.get('value')!r} ({item.get('type')})")
+                        else f"returned {item.get('value')!r} ({item.get('type')} of "
+                             f"{', '.join(item.get('numbers', []))})")
                 fail("mesh-pure", f"mesh_coords({rank}, {dp}, {pp}, {tp}) {said}; expected the "
-                                  f"tuple {tuple(want)}: rank = (d * pp + p) * tp + t, tp "
-                                  "varying fastest")
+                                  f"tuple of ints {tuple(want)}: rank = (d * pp + p) * tp + t, "
+                                  "tp varying fastest")
     for (dp, pp, tp), got in pure["lines"]:
         for dim, item in got.items():
             want = refs.lines(dim, dp, pp, tp)
-            if item.get("value") != want or item.get("type") != "list":
+            if (item.get("value") != want or item.get("type") != "list"
+                    or item.get("inner") != ["list"] or item.get("numbers") != ["int"]):
                 said = (f"raised {item['raised']} ({item['message']})" if "raised" in item
-                        else f"returned {item.get('value')!r}")
+                        else f"returned {item.get('value')!r} (a {item.get('type')} of "
+                             f"{', '.join(item.get('inner', []))} of "
+                             f"{', '.join(item.get('numbers', []))})")
                 fail("mesh-pure", f"mesh_lines({dim!r}, {dp}, {pp}, {tp}) {said}; expected "
-                                  f"{want} (the ranks that share the other two coordinates, "
-                                  f"each list ordered by {dim}, the lists by their first rank)")
+                                  f"the list of lists of ints {want} (the ranks that share the "
+                                  f"other two coordinates, each list ordered by {dim}, the "
+                                  "lists by their first rank)")
     for name, args, got in pure["errors"]:
         if got.get("raised") != "ValueError":
             did = (f"raised {got['raised']} ({got['message']})" if "raised" in got

@@ -126,3 +126,47 @@ def qkv(salts, positions, case_index, dtype, hd=HD):
         full[:, :, :, pos] = torch.randn(4, B, H, len(pos), hd, dtype=torch.float64,
                                          generator=gen)
     return tuple(t.to(dtype) for t in full)
+
+
+# ------------------------------------------------------------------ sequence parallelism
+SP_S, SP_B, SP_D, SP_H = 6, 2, 8, 12     # S and h divisible by 2 and 3 (the groups checked)
+# (launch name, world size, the tensor-parallel groups the probe makes: None = the world)
+SP_LAUNCHES = (("two groups of 2", 4, ((0, 1), (2, 3))), ("the world of 3", 3, None))
+
+
+def sp_block(salt0, group_index, dtype):
+    """The single-process ``NormMLP``-shaped block of a group (the judge's own class,
+    :class:`NormMLPRef`), its weights from rank 0's number; the norm's weight and bias are not
+    the default ones."""
+    gen = salted_generator(7900 + group_index, salt0)
+    block = NormMLPRef(SP_D, SP_H)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.5
+                    + (1.0 if p is block.norm.weight else 0.0))
+    return block.to(dtype)
+
+
+def sp_rows(salts, group_index, t, dtype):
+    """``(x, upstream)`` of the whole sequence ``(S, B, d)``: the rows of group rank ``i`` from
+    ``salts[i]``."""
+    k = SP_S // t
+    x, up = torch.zeros(2, SP_S, SP_B, SP_D, dtype=torch.float64)
+    for i in range(t):
+        gen = salted_generator(7950 + 10 * group_index + i, salts[i])
+        x[i * k:(i + 1) * k] = torch.randn(k, SP_B, SP_D, generator=gen, dtype=torch.float64)
+        up[i * k:(i + 1) * k] = torch.randn(k, SP_B, SP_D, generator=gen, dtype=torch.float64)
+    return x.to(dtype), up.to(dtype)
+
+
+class NormMLPRef(torch.nn.Module):
+    """The judge's ``x + fc2(act(fc1(norm(x))))`` (attribute names as the notebook's
+    ``NormMLP``; GELU's tanh form: ``from_block`` must keep the block's own activation)."""
+
+    def __init__(self, d, h):
+        super().__init__()
+        self.norm, self.act = torch.nn.LayerNorm(d), torch.nn.GELU("tanh")
+        self.fc1, self.fc2 = torch.nn.Linear(d, h), torch.nn.Linear(h, d)
+
+    def forward(self, x):
+        return x + self.fc2(self.act(self.fc1(self.norm(x))))

@@ -86,7 +86,9 @@ def _jsonable(got):
         try:
             got = {"value": [list(map(int, x)) if isinstance(x, (list, tuple)) else int(x)
                              for x in v], "type": type(v).__name__,
-                   "inner": sorted({type(x).__name__ for x in v})}
+                   "inner": sorted({type(x).__name__ for x in v}),
+                   "numbers": sorted({type(y).__name__ for x in v
+                                      for y in (x if isinstance(x, (list, tuple)) else [x])})}
         except (TypeError, ValueError):
             got = {"value": repr(v)[:200], "type": type(v).__name__}
     return got
@@ -271,10 +273,12 @@ def _loss(student, rec, group, gi, t, gr, mine, salt0, dtype, size="small"):
             "kept": bool(torch.equal(logits.detach(), kept[0]) and torch.equal(targets, kept[1]))}
 
 
-def probe_vocab(student, ctx, groups=None, wire=False):
-    """``{"salt0", "group": index, "parts": {part: result}, "hidden": [...]}``: the pieces on
-    this rank's group (``groups``: the tensor-parallel groups to make, None: the world;
-    ``wire``: the wide float64 parts too, :data:`.inputs.SIZES`)."""
+def tp_group(ctx, groups):
+    """What a probe of a tensor-parallel group starts with (before any recorder): rank 0's
+    number broadcast to all, the groups made (``groups``: tuples of global ranks, every rank
+    makes each, in order; None: the world) and this rank's: ``(salt0, group, its index,
+    members, t, group rank, mine)``, ``mine`` this rank's own number for every rank of the group
+    (only its own is true: the others' parts it builds are stand-ins)."""
     torch.set_num_threads(1)
     salt = torch.tensor([getattr(ctx, "salt", 0) if ctx.rank == 0 else 0], dtype=torch.int64)
     dist.broadcast(salt, src=0)
@@ -286,13 +290,21 @@ def probe_vocab(student, ctx, groups=None, wire=False):
         gi = next(i for i, g in enumerate(groups) if ctx.rank in g)
         group, members = made[gi], list(groups[gi])
     t, gr = len(members), members.index(ctx.rank)
-    mine = [own] * t                 # this rank's number for every block: only its own is true
+    return salt0, group, gi, members, t, gr, [getattr(ctx, "salt", 0)] * t
+
+
+def probe_vocab(student, ctx, groups=None, wire=False):
+    """``{"salt0", "group": index, "parts": {part: result}, "hidden": [...]}``: the pieces on
+    this rank's group (``groups``: the tensor-parallel groups to make, None: the world;
+    ``wire``: the wide float64 parts too, :data:`.inputs.SIZES`)."""
+    salt0, group, gi, members, t, gr, mine = tp_group(ctx, groups)
     rec = Recorder()
     rec.install(student)
     parts = {}
     try:
         for name, case, run in (
-                ("group", "vp-group", lambda: _reduce_from_group(student, rec, group, gr, own)),
+                ("group", "vp-group",
+                 lambda: _reduce_from_group(student, rec, group, gr, mine[gr])),
                 *((f"embedding-{str(d)[6:]}", "vp-embedding",
                    lambda d=d: _embedding(student, rec, group, gi, t, gr, mine, salt0, d))
                   for d in inputs.DTYPES),

@@ -137,3 +137,19 @@ def causal_entries(q_pos, positions):
     each query, the keys at positions up to its own."""
     keys = np.sort(np.concatenate([np.asarray(p).reshape(-1) for p in positions]))
     return int(np.searchsorted(keys, np.asarray(q_pos), side="right").sum())
+
+
+# ------------------------------------------------------------------ sequence parallelism
+def sp(salts, salt0, group_index, t, dtype):
+    """The judge's block on the whole sequence: ``{"y", "x_grad", "grads": {name: full}}``,
+    float64 arrays (``w1``/``b1`` fc1's, ``w2``/``b2`` fc2's, the norm's)."""
+    block = inputs.sp_block(salt0, group_index, dtype)
+    x, up = inputs.sp_rows(salts, group_index, t, dtype)
+    x.requires_grad_(True)
+    y = block(x)
+    y.backward(up)
+    grads = {"w1": block.fc1.weight.grad, "b1": block.fc1.bias.grad,
+             "w2": block.fc2.weight.grad, "b2": block.fc2.bias.grad,
+             "norm.weight": block.norm.weight.grad, "norm.bias": block.norm.bias.grad}
+    return {"y": y.detach().double().numpy(), "x_grad": x.grad.double().numpy(),
+            "grads": {k: v.double().numpy() for k, v in grads.items()}}

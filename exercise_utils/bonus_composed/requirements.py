@@ -122,3 +122,22 @@ CONTRACT["ring_attention"] = [
            "entries within one chunk's square of every other rank's.",
            cases=("ring-pure", "ring-work")),
 ]
+
+CONTRACT["sequence_parallel"] = [
+    Clause("gather", "returns the whole ``(S, ...)`` on every rank of ``group``, the ranks' "
+           "rows in group-rank order (one ``dist.all_gather_into_tensor``).",
+           cases=("sp-values",)),
+    Clause("gather-backward", "the gradient of ``x`` is the sum of the ranks' gradients, rows "
+           "of this rank only (one ``dist.reduce_scatter_tensor``).", cases=("sp-values",
+                                                                            "sp-collectives")),
+    Clause("scatter", "returns this rank's rows ``(S/t, ...)`` of the sum over the ranks (one "
+           "``dist.reduce_scatter_tensor``).", cases=("sp-values", "sp-collectives")),
+    Clause("scatter-backward", "Backward: the gradient of this rank's rows, gathered from every "
+           "rank (one ``dist.all_gather_into_tensor``).", cases=("sp-values",)),
+    Clause("rows", "returns the same rows of the block's output.", cases=("sp-values",)),
+    Clause("bias-once", "``b2`` is added once, after it.", cases=("sp-values",)),
+    Clause("no-all-reduce", "One all-gather and one reduce-scatter in the forward, one of each "
+           "in the backward, no all-reduce.", cases=("sp-collectives",)),
+    Clause("replicated", "Sum, over ``module.group``, the gradient of every parameter in "
+           "``module.replicated``", cases=("sp-replicated", "sp-collectives")),
+]

@@ -3,7 +3,7 @@ written, printing what it computed beside what one process (or torch) computes
 (:mod:`exercise_utils.tries`). Not a check: nothing is judged or graded here.
 
     from exercise_utils.bonus_composed import tries
-    tries.run("mesh")        # then "vocab" and "ring"
+    tries.run("mesh")        # then "vocab", "ring" and "sequence"
 
 Used in 11_bonus_composed.
 """
@@ -17,8 +17,8 @@ WORK = "work/11_composed.py"
 
 
 def run(piece, work=WORK):
-    """Run the try of ``piece`` (``"mesh"``, ``"vocab"`` or ``"ring"``) with the file
-    ``work``; print what each rank computed."""
+    """Run the try of ``piece`` (``"mesh"``, ``"vocab"``, ``"ring"`` or ``"sequence"``) with
+    the file ``work``; print what each rank computed."""
     core.run(TRIES, piece, work)
 
 
@@ -86,6 +86,29 @@ def try_ring(mine, ctx):
             f"gradients: {grads}"]
 
 
+def try_sequence(mine, ctx):
+    """2 ranks: the sequence-parallel NormMLP on 6 rows beside the block on the whole
+    sequence."""
+    torch.manual_seed(0)
+    group, rank = dist.group.WORLD, ctx.rank
+    block = mine.NormMLP(4, 8).double()
+    x = torch.randn(6, 1, 4, dtype=torch.float64)
+    full = x.clone().requires_grad_(True)
+    ref = block(full)
+    ref.sum().backward()
+    k = 6 // ctx.size
+    mine_x = x[rank * k:(rank + 1) * k].clone().requires_grad_(True)
+    par = mine.SequenceParallelNormMLP.from_block(block, group)
+    out = par(mine_x)
+    out.sum().backward()
+    mine.sequence_parallel_grads(par)
+    return [f"my rows {rank * k}..{(rank + 1) * k - 1}: output max difference "
+            f"{_diff(out, ref[rank * k:(rank + 1) * k])}, input gradient "
+            f"{_diff(mine_x.grad, full.grad[rank * k:(rank + 1) * k])}",
+            f"after sequence_parallel_grads: the norm's weight gradient max difference "
+            f"{_diff(par.norm.weight.grad, block.norm.weight.grad)}"]
+
+
 TRIES = {
     "mesh": core.Try(try_mesh, ("mesh_coords", "mesh_lines", "Mesh.__init__"),
                      "a 1 x 2 x 2 mesh", ranks=4),
@@ -98,4 +121,11 @@ TRIES = {
     "ring": core.Try(try_ring, ("merge_blocks", "balanced_positions", "block_pairs",
                                 "RingAttention.forward", "RingAttention.backward"),
                      "ring attention on 2 ranks"),
+    "sequence": core.Try(try_sequence, ("GatherFromSequence.forward",
+                                        "GatherFromSequence.backward",
+                                        "ReduceScatterToSequence.forward",
+                                        "ReduceScatterToSequence.backward",
+                                        "SequenceParallelNormMLP.forward",
+                                        "sequence_parallel_grads"),
+                         "the sequence-parallel block on 2 ranks"),
 }

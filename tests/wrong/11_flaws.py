@@ -24,8 +24,13 @@ FLAWS = [
          patch=((COORDS, "    return rank % dp, rank // dp % pp, rank // (dp * pp)\n"),)),
     Flaw("mesh", "coords_list", clause="coords-returns", case="mesh-pure",
          why="returns the coordinates as a list, not a tuple.",
-         expect="(list); expected the tuple",
+         expect="(list of int); expected the tuple of ints",
          patch=((COORDS, "    return [rank // (pp * tp), rank // tp % pp, rank % tp]\n"),)),
+    Flaw("mesh", "coords_numpy_ints", clause="coords-returns", case="mesh-pure",
+         why="returns numpy's unravel_index as it is: a tuple of numpy integers, not ints.",
+         expect="(tuple of int64); expected the tuple of ints",
+         patch=((COORDS, "    import numpy as np\n"
+                         "    return tuple(np.unravel_index(rank, (dp, pp, tp)))\n"),)),
     Flaw("mesh", "coords_rank_unchecked", clause="coords-returns", case="mesh-pure",
          why="does not check the rank: a rank outside the grid gets coordinates outside it.",
          expect="mesh_coords(4, 2, 1, 2) returned",
@@ -39,6 +44,11 @@ FLAWS = [
          patch=((KEY, "        key = tuple(coords[k] for k in DIMS if k == dim)\n"),
                 ("        lines.setdefault(key, [None] * sizes[dim])[coords[dim]] = rank\n",
                  "        lines.setdefault(key, []).append(rank)\n"))),
+    Flaw("mesh", "lines_of_tuples", clause="lines-returns", case="mesh-pure",
+         why="returns each line as a tuple.",
+         expect="(a list of tuple of int)",
+         patch=(("    return sorted(lines.values())\n",
+                 "    return sorted(tuple(line) for line in lines.values())\n"),)),
     Flaw("mesh", "lines_unknown_dim", clause="lines-returns", case="mesh-pure",
          why="does not check dim: an unknown dimension fails with a KeyError deep inside.",
          expect="mesh_lines('cp', 1, 2, 1) raised KeyError",
@@ -102,8 +112,10 @@ FLAWS = [
     Flaw("vocab_parallel", "rows_of_global_rank", clause="emb-rows", case="vp-embedding",
          why="takes the rows of the global rank (dist.get_rank()) instead of the group's rank.",
          expect="group rank r holds rows",
-         patch=(("        r, t = dist.get_rank(group), dist.get_world_size(group)\n",
-                 "        r, t = dist.get_rank(), dist.get_world_size(group)\n"),)),
+         patch=(("        r, t = dist.get_rank(group), dist.get_world_size(group)\n"
+                 "        if emb.num_embeddings % t:\n",
+                 "        r, t = dist.get_rank(), dist.get_world_size(group)\n"
+                 "        if emb.num_embeddings % t:\n"),)),
     Flaw("vocab_parallel", "rows_are_a_view", clause="emb-copy", case="vp-embedding",
          why="keeps a slice of the table's weight without .clone(): a view of emb's tensor.",
          expect="a view of emb's weight True",
@@ -360,3 +372,120 @@ FLAWS.append(
                     "@staticmethod\ndef forward(ctx, q, k, v, positions, group, causal):")),
                 Def("RingAttention.backward", STUB.format(
                     "@staticmethod\ndef backward(ctx, dout):")))))
+
+GATHER_BWD = ("        t = dist.get_world_size(ctx.group)\n"
+              "        out = grad.new_empty((grad.shape[0] // t,) + tuple(grad.shape[1:]))\n"
+              "        dist.reduce_scatter_tensor(out, grad.contiguous(), group=ctx.group)\n"
+              "        return out, None\n")
+SCATTER_FWD = ("        ctx.group = group\n        t = dist.get_world_size(group)\n"
+               "        out = x.new_empty((x.shape[0] // t,) + tuple(x.shape[1:]))\n"
+               "        dist.reduce_scatter_tensor(out, x.contiguous(), group=group)\n"
+               "        return out\n")
+SP_FORWARD = ("        return x + ReduceScatterToSequence.apply(F.linear(h, self.w2), self.group) "
+              "+ self.b2\n")
+SP_GRADS = ("    for p in module.replicated:\n"
+            "        dist.all_reduce(p.grad, group=module.group)\n")
+
+FLAWS += [
+    # ------------------------------------------------------------------ sequence parallelism
+    Flaw("sequence_parallel", "gather_backward_own_rows", clause="gather-backward",
+         case="sp-values",
+         why="the all-gather's backward keeps this rank's rows of its own gradient, without "
+             "summing the other ranks' gradients of them.",
+         expect="the gradient of x differs",
+         patch=((GATHER_BWD, "        t = dist.get_world_size(ctx.group)\n"
+                             "        r = dist.get_rank(ctx.group)\n"
+                             "        k = grad.shape[0] // t\n"
+                             "        return grad[r * k:(r + 1) * k].clone(), None\n"),)),
+    Flaw("sequence_parallel", "gather_backward_all_reduce", clause="gather-backward",
+         case="sp-collectives",
+         why="the all-gather's backward all-reduces the gradient and keeps its rows: right "
+             "values, but the all-reduce sequence parallelism replaces.",
+         expect="the backward issued",
+         patch=((GATHER_BWD, "        t = dist.get_world_size(ctx.group)\n"
+                             "        r = dist.get_rank(ctx.group)\n"
+                             "        full = grad.clone()\n"
+                             "        dist.all_reduce(full, group=ctx.group)\n"
+                             "        k = grad.shape[0] // t\n"
+                             "        return full[r * k:(r + 1) * k].clone(), None\n"),)),
+    Flaw("sequence_parallel", "gather_by_global_rank_order", clause="gather",
+         case="sp-values",
+         why="concatenates the rows along the batch dimension instead of the sequence.",
+         expect="differs from one process",
+         patch=(("        out = x.new_empty((t * x.shape[0],) + tuple(x.shape[1:]))\n"
+                 "        dist.all_gather_into_tensor(out, x.contiguous(), group=group)\n"
+                 "        return out\n",
+                 "        parts = [torch.empty_like(x) for _ in range(t)]\n"
+                 "        dist.all_gather(parts, x.contiguous(), group=group)\n"
+                 "        return torch.cat(parts, dim=1).reshape((t * x.shape[0],) + "
+                 "tuple(x.shape[1:]))\n"),)),
+    Flaw("sequence_parallel", "scatter_as_all_reduce", clause="scatter",
+         case="sp-collectives",
+         why="all-reduces the partial sums and keeps its rows: right values, an all-reduce "
+             "where the reduce-scatter goes.",
+         expect="the forward issued",
+         patch=((SCATTER_FWD, "        ctx.group = group\n        t = dist.get_world_size(group)\n"
+                              "        r = dist.get_rank(group)\n"
+                              "        full = x.clone()\n"
+                              "        dist.all_reduce(full, group=group)\n"
+                              "        k = x.shape[0] // t\n"
+                              "        return full[r * k:(r + 1) * k].clone()\n"),)),
+    Flaw("sequence_parallel", "scatter_backward_own_rows", clause="scatter-backward",
+         case="sp-values",
+         why="the reduce-scatter's backward places its own gradient in its rows and zeros in "
+             "the others, instead of gathering every rank's.",
+         expect="differs from one process",
+         patch=(("        out = grad.new_empty((t * grad.shape[0],) + tuple(grad.shape[1:]))\n"
+                 "        dist.all_gather_into_tensor(out, grad.contiguous(), group=ctx.group)\n"
+                 "        return out, None\n",
+                 "        r = dist.get_rank(ctx.group)\n"
+                 "        out = grad.new_zeros((t * grad.shape[0],) + tuple(grad.shape[1:]))\n"
+                 "        out[r * grad.shape[0]:(r + 1) * grad.shape[0]] = grad\n"
+                 "        return out, None\n"),)),
+    Flaw("sequence_parallel", "bias_before_reduce_scatter", clause="bias-once",
+         case="sp-values",
+         why="adds fc2's bias before the reduce-scatter: it is counted t times.",
+         expect="the output differs",
+         patch=((SP_FORWARD, "        return x + ReduceScatterToSequence.apply(F.linear(h, self.w2, "
+                             "self.b2), self.group)\n"),)),
+    Flaw("sequence_parallel", "residual_of_the_whole", clause="rows", case="sp-values",
+         why="adds the residual to the whole gathered sequence and reduce-scatters it: the "
+             "residual is counted t times.",
+         expect="the output differs",
+         patch=(("        h = GatherFromSequence.apply(self.norm(x), self.group)\n",
+                 "        xs = GatherFromSequence.apply(x, self.group)\n"
+                 "        h = self.norm(xs)\n"),
+                (SP_FORWARD, "        return ReduceScatterToSequence.apply(xs + F.linear(h, "
+                             "self.w2), self.group) + self.b2\n"))),
+    Flaw("sequence_parallel", "replicated_not_summed", clause="replicated",
+         case="sp-replicated",
+         why="leaves the replicated parameters' gradients as the backward made them: each "
+             "rank's rows only.",
+         expect="after sequence_parallel_grads, the gradient of norm.weight",
+         patch=((SP_GRADS, "    return None\n"),)),
+    Flaw("sequence_parallel", "replicated_averaged", clause="replicated",
+         case="sp-replicated",
+         why="averages the replicated gradients over the group (as data parallelism would).",
+         expect="after sequence_parallel_grads",
+         patch=((SP_GRADS, "    t = dist.get_world_size(module.group)\n"
+                           "    for p in module.replicated:\n"
+                           "        dist.all_reduce(p.grad, group=module.group)\n"
+                           "        p.grad /= t\n"),)),
+    Flaw("sequence_parallel", "every_gradient_summed", clause="replicated",
+         case="sp-collectives",
+         why="sums the gradient of every parameter over the group, the shards' too.",
+         expect="sequence_parallel_grads issued",
+         patch=((SP_GRADS, "    for p in module.replicated:\n"
+                           "        dist.all_reduce(p.grad, group=module.group)\n"
+                           "    for p in (module.w1, module.b1, module.w2):\n"
+                           "        g = p.grad.clone()\n"
+                           "        dist.all_reduce(g, group=module.group)\n"),)),
+    Flaw("sequence_parallel", "block_all_reduce", clause="no-all-reduce", case="sp-collectives",
+         why="adds an all-reduce of the output's norm in the forward, to check the ranks agree.",
+         expect="the forward issued",
+         patch=((SP_FORWARD, "        out = x + ReduceScatterToSequence.apply(F.linear(h, "
+                             "self.w2), self.group) + self.b2\n"
+                             "        probe = out.detach().norm().reshape(1)\n"
+                             "        dist.all_reduce(probe, group=self.group)\n"
+                             "        return out\n"),)),
+]

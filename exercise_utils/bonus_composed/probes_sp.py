@@ -1,0 +1,69 @@
+"""Probe of notebook 11's sequence-parallel checker: runs inside every gloo rank
+(:mod:`.checks_sp`).
+
+On the tensor-parallel groups of the launch (:data:`.inputs.SP_LAUNCHES`), float64 and
+float32: the judge's block (:func:`.inputs.sp_block`, the same on every rank of a group) cut by
+the given ``from_block``; forward on this rank's rows of the sequence (from its own number),
+backward from its rows of the upstream gradient, then ``sequence_parallel_grads``; every
+collective recorded in each phase (:class:`~exercise_utils.recorder.Recorder`).
+
+Returned as plain data. Used in 11_bonus_composed.
+"""
+import torch
+import torch.distributed as dist
+
+from ..rankworker import not_implemented
+from ..recorder import Recorder
+from . import inputs
+from .probes import tp_group
+
+PARAMS = ("w1", "b1", "w2", "b2", "norm.weight", "norm.bias")
+
+
+def _arr(t):
+    return None if t is None else t.detach().double().numpy().tolist()
+
+
+def _run(student, rec, group, gi, t, gr, mine, salt0, dtype):
+    block = inputs.sp_block(salt0, gi, dtype)
+    x_full, up_full = inputs.sp_rows(mine, gi, t, dtype)
+    k = inputs.SP_S // t
+    x = x_full[gr * k:(gr + 1) * k].clone().requires_grad_(True)
+    up = up_full[gr * k:(gr + 1) * k].clone()
+    par = student.SequenceParallelNormMLP.from_block(block, group)
+    rec.take()
+    y = par(x)
+    forward = rec.take()
+    y.backward(up)
+    backward = rec.take()
+    student.sequence_parallel_grads(par)
+    reduce = rec.take()
+    grads = {}
+    for name in PARAMS:
+        p = par
+        for part in name.split("."):
+            p = getattr(p, part)
+        grads[name] = _arr(p.grad)
+    return {"y": _arr(y), "dtype": str(y.dtype), "x_grad": _arr(x.grad), "grads": grads,
+            "forward": forward, "backward": backward, "reduce": reduce}
+
+
+def probe_sp(student, ctx, groups=None):
+    """``{"salt0", "group", "members", "parts": {dtype: result}, "hidden"}``."""
+    salt0, group, gi, members, t, gr, mine = tp_group(ctx, groups)
+    rec = Recorder()
+    rec.install(student)
+    parts = {}
+    try:
+        for dtype in (torch.float64, torch.float32):
+            ctx.case("sp-values")
+            try:
+                parts[str(dtype)[6:]] = _run(student, rec, group, gi, t, gr, mine, salt0,
+                                             dtype)
+            except NotImplementedError as exc:
+                parts[str(dtype)[6:]] = not_implemented(student, exc)
+                break
+        hidden = rec.take_hidden()
+    finally:
+        rec.uninstall()
+    return {"salt0": salt0, "group": gi, "members": members, "parts": parts, "hidden": hidden}

@@ -1,0 +1,471 @@
+"""Sequence-parallel variant: the norm written by hand and fc1 + GELU computed in float64 (cast back to the activations' dtype before each collective and before fc2), x.matmul(w.t()) + b for the layers, b2 added after the reduce-scatter but before the residual, and asynchronous per-parameter all-reduces waited on together.
+
+A GPT's pieces on a data x pipeline x tensor mesh, and context parallelism, on torch.distributed.
+
+Everything here runs inside ranks that have already called ``init_process_group`` (gloo on
+CPU is enough); importing the file starts nothing.
+
+* The mesh: ``mesh_coords`` and ``mesh_lines`` (pure functions) and ``Mesh`` (this
+  rank's coordinates, its process group of each dimension, its pipeline neighbours).
+* The vocabulary split across a tensor-parallel group: ``ReduceFromGroup``,
+  ``VocabParallelEmbedding`` and ``VocabParallelCrossEntropy`` (``vocab_parallel_cross_entropy``).
+* Context parallelism: ``merge_blocks``, ``balanced_positions``, ``block_pairs`` and
+  ``RingAttention`` (``ring_attention``).
+* Sequence parallelism: ``GatherFromSequence``, ``ReduceScatterToSequence``,
+  ``SequenceParallelNormMLP.forward`` and ``sequence_parallel_grads``.
+
+Given (do not change): ``DIMS``, ``check_sizes``, ``contiguous_runs``, ``block_forward``,
+``block_backward``, ``ring_peers``, ``ring_attention``, ``vocab_parallel_cross_entropy``,
+``NormMLP``, ``SequenceParallelNormMLP.from_block`` and the ``__init__`` methods.
+"""
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+# ------------------------------------------------------------------ the mesh
+DIMS = ("dp", "pp", "tp")       # the order of the coordinates: tp varies fastest
+
+
+def check_sizes(dp, pp, tp, world):
+    """ValueError unless ``dp``, ``pp`` and ``tp`` are positive ints (a bool is not one) whose
+    product is ``world``. Given."""
+    for name, v in (("dp", dp), ("pp", pp), ("tp", tp)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if dp * pp * tp != world:
+        raise ValueError(f"dp * pp * tp = {dp * pp * tp} is not the world size {world}")
+
+
+def mesh_coords(rank, dp, pp, tp):
+    """The coordinates ``(d, p, t)`` of global ``rank`` on the ``dp x pp x tp`` grid, ``tp``
+    varying fastest: ``rank = (d * pp + p) * tp + t``.
+
+    Returns a tuple of three ints; ValueError if ``rank`` is not in ``[0, dp * pp * tp)``
+    (call ``check_sizes(dp, pp, tp, dp * pp * tp)`` for the sizes).
+    """
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+
+def mesh_lines(dim, dp, pp, tp):
+    """Every group of dimension ``dim`` (``"dp"``, ``"pp"`` or ``"tp"``): the lists of global
+    ranks that share the other two coordinates, each list ordered by the coordinate ``dim``,
+    the lists in increasing order of their first rank.
+
+    Example, ``dp = pp = tp = 2``: ``mesh_lines("tp", 2, 2, 2) == [[0, 1], [2, 3], [4, 5],
+    [6, 7]]``, ``mesh_lines("dp", 2, 2, 2) == [[0, 4], [1, 5], [2, 6], [3, 7]]``.
+
+    Returns a new list of lists of ints; ValueError for another ``dim`` or invalid sizes.
+    """
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+
+class Mesh:
+    """This rank's place on a ``dp x pp x tp`` grid of the world, and its process groups.
+
+    ``Mesh(dp, pp, tp)``: ``dp``, ``pp``, ``tp`` positive ints whose product is the world
+    size (ValueError otherwise, before any group is made: call ``check_sizes``).
+
+    Attributes:
+        sizes: ``{"dp": dp, "pp": pp, "tp": tp}``.
+        coords: this rank's coordinates, ``{"dp": d, "pp": p, "tp": t}``.
+        ranks: ``{dim: the global ranks of this rank's group of dim}``, its line of
+            ``mesh_lines(dim, ...)``.
+        groups: ``{dim: the process group of those ranks}``, made by ``dist.new_group``.
+        prev, next: the global rank of the previous and of the next pipeline stage (same ``d``
+            and ``t``); None on the first and on the last stage.
+
+    ``dist.new_group`` must be called by every rank of the world, in the same order, also for
+    groups it is not in: every rank makes every group of every dimension, dimension by
+    dimension in the order of ``DIMS``, each dimension's groups in the order of
+    ``mesh_lines``, and keeps its own. Nothing else is made.
+    """
+
+    def __init__(self, dp, pp, tp):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+
+# ------------------------------------------------------------------ the vocabulary, split
+class ReduceFromGroup(torch.autograd.Function):
+    """Notebook 10's "g" over a process group: ``ReduceFromGroup.apply(x, group)`` returns a new
+    tensor, the sum of ``x`` over the ranks of ``group`` (one ``dist.all_reduce`` on a copy:
+    ``x`` itself is not modified); its backward returns the incoming gradient as it is (and
+    None for ``group``)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+    @staticmethod
+    def backward(ctx, grad):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+
+class VocabParallelEmbedding(nn.Module):
+    """An embedding table of ``V`` rows split by rows across the ranks of ``group`` (a
+    tensor-parallel group of ``t`` ranks).
+
+    With ``k = V // t``, group rank ``r`` (``dist.get_rank(group)``) holds rows ``[r*k,
+    (r+1)*k)`` of the full table (``weight``: ``(k, d)``; ``start = r*k``). ``forward(tokens)``:
+    ``tokens`` is an int64 tensor of any shape ``(...)`` of ids in ``[0, V)``, the same on every
+    rank of the group; returns ``(..., d)``, the full table's embedding of every token, the same
+    on every rank: each rank looks up the tokens in its rows (zeros for the others) and
+    ``ReduceFromGroup`` sums them, one ``dist.all_reduce`` in the forward and none in the
+    backward. Each rank's ``weight.grad`` is its rows of the full table's gradient.
+    """
+
+    def __init__(self, weight, start, group):
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.start, self.group = start, group
+
+    @classmethod
+    def from_embedding(cls, emb, group):
+        """This rank's shard of the ``nn.Embedding`` ``emb`` (a copy, of its dtype; the new
+        weight requires grad; ``emb`` itself is left as it is).
+
+        Raises:
+            ValueError: ``emb.num_embeddings`` not divisible by the group's size.
+        """
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+    def forward(self, tokens):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    """The mean cross-entropy of ``N`` rows over ``V = t * k`` classes whose logits are split
+    by columns across the ``t`` ranks of ``group``.
+
+    ``VocabParallelCrossEntropy.apply(logits, targets, group)``: ``logits`` ``(N, k)`` are this
+    rank's columns ``[r*k, (r+1)*k)`` of the full ``(N, V)`` logits (float32 or float64; every
+    rank's ``k`` the same); ``targets`` ``(N,)`` int64 class ids in ``[0, V)``, the same on every
+    rank of the group. Returns a 0-dim tensor of the logits' dtype, the mean over the rows of
+    ``-log softmax(full logits)[target]``, the same on every rank, and stable for logits of any
+    size (subtract each row's maximum over all ``V`` columns before ``exp``). Neither input is
+    modified.
+
+    Communication: in the forward exactly three ``dist.all_reduce`` over ``group``, each of
+    ``N`` numbers: the rows' maxima (``op=dist.ReduceOp.MAX``), the rows' sums of exponentials,
+    and the target logits (each from the rank that holds the target's column, zero on the
+    others). None in the backward, which returns ``logits.grad`` = this rank's columns of the
+    full gradient, ``(softmax(full logits) - one_hot(targets)) / N`` times the incoming
+    gradient (save what it needs in the forward). The full logits are never gathered.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, group):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+    @staticmethod
+    def backward(ctx, grad):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+
+def vocab_parallel_cross_entropy(logits, targets, group):
+    """``VocabParallelCrossEntropy.apply(logits, targets, group)`` after checking the shapes:
+    ValueError unless ``logits`` is 2-D with at least one row and ``targets`` is ``(N,)``.
+    Given."""
+    if logits.dim() != 2 or logits.shape[0] < 1 or tuple(targets.shape) != (logits.shape[0],):
+        raise ValueError(f"need logits (N, V/t) with N >= 1 and targets (N,); got "
+                         f"{tuple(logits.shape)} and {tuple(targets.shape)}")
+    return VocabParallelCrossEntropy.apply(logits, targets, group)
+
+
+# ------------------------------------------------------------------ context parallelism
+NEG_INF = float("-inf")
+
+
+def contiguous_runs(pos):
+    """The slices of the 1-D tensor ``pos`` that are maximal runs of consecutive positions:
+    ``contiguous_runs(torch.tensor([0, 1, 2, 7, 8])) == [slice(0, 3), slice(3, 5)]``. Given."""
+    pos = pos.tolist()
+    runs, start = [], 0
+    for i in range(1, len(pos) + 1):
+        if i == len(pos) or pos[i] != pos[i - 1] + 1:
+            runs.append(slice(start, i))
+            start = i
+    return runs
+
+
+def _finite(lse):
+    """``lse`` with -inf replaced by 0, so that ``exp(x - lse)`` is 0, not NaN, at x = -inf."""
+    return lse.masked_fill(lse == NEG_INF, 0.0)
+
+
+def block_forward(q, k, v, mask=None):
+    """Attention of the queries ``q`` ``(B, H, Lq, hd)`` over one block of keys and values ``k``,
+    ``v`` ``(B, H, Lk, hd)``, scores scaled by ``1/sqrt(hd)``; ``mask`` ``(Lq, Lk)`` bool, True
+    where a query may see a key (None: every key). Returns ``(out, lse)``: ``out`` ``(B, H, Lq,
+    hd)`` and ``lse`` ``(B, H, Lq)``, the log-sum-exp of each query's visible scores; a query
+    that sees no key gets ``lse = -inf`` and ``out = 0``. Given."""
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, NEG_INF)
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.exp(scores - _finite(lse).unsqueeze(-1)) @ v, lse
+
+
+def block_backward(q, k, v, out, lse, dout, mask=None):
+    """One key block's share ``(dq, dk, dv)`` of attention's gradient, given the FINAL output
+    ``out`` and log-sum-exp ``lse`` of the queries (merged over every key block) and the
+    gradient ``dout`` of ``out`` (flash attention's backward: ``P = exp(scores - lse)`` is this
+    block's columns of the whole softmax). Queries with ``lse = -inf`` contribute 0. Given."""
+    scale = q.shape[-1] ** -0.5
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, NEG_INF)
+    p = torch.exp(scores - _finite(lse).unsqueeze(-1))
+    p = p.masked_fill((lse == NEG_INF).unsqueeze(-1), 0.0)
+    ds = p * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True))
+    return (ds @ k) * scale, (ds.transpose(-1, -2) @ q) * scale, p.transpose(-1, -2) @ dout
+
+
+def ring_peers(group):
+    """``(me, c, nxt, prv)``: this rank's rank in ``group`` (None: the world), the group's size,
+    and the GLOBAL ranks of the next (group rank ``me + 1 mod c``) and previous (``me - 1 mod
+    c``) ranks of the ring. Given."""
+    group = dist.group.WORLD if group is None else group
+    me, c = dist.get_rank(group), dist.get_world_size(group)
+    return (me, c, dist.get_global_rank(group, (me + 1) % c),
+            dist.get_global_rank(group, (me - 1) % c))
+
+
+def merge_blocks(out, lse, out_b, lse_b):
+    """The online-softmax merge of two partial attentions of the same queries over disjoint
+    sets of keys: ``out``, ``out_b`` ``(..., L, hd)``, ``lse``, ``lse_b`` ``(..., L)`` (as
+    ``block_forward`` returns them).
+
+    Returns new tensors ``(out, lse)``, the attention over the union of the two key sets:
+    ``lse = log(exp(lse) + exp(lse_b))``, and each side's output weighted by ``exp(its lse -
+    lse)``. A side with ``lse = -inf`` (no visible key) weighs 0; both at -inf give ``lse =
+    -inf`` and ``out = 0``. Never NaN; the inputs are not modified.
+    """
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+
+def balanced_positions(S, c):
+    """The load-balanced causal split of a sequence of ``S`` tokens over ``c`` ranks: cut
+    ``torch.arange(S)`` into ``2c`` chunks with ``torch.tensor_split`` (sizes differing by at
+    most one); rank ``r`` holds chunk ``r`` then chunk ``2c - 1 - r``.
+
+    Returns a new list of ``c`` 1-D int64 tensors (rank ``r``'s positions, in that order).
+    Raises ValueError unless ``S`` and ``c`` are ints (a bool is not one) with ``c >= 1`` and
+    ``S >= 2c``.
+    """
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+
+def block_pairs(q_pos, k_pos, causal):
+    """The block products attention needs between queries at positions ``q_pos`` and a block of
+    keys at ``k_pos`` (1-D int64 tensors): a list of ``(query slice, key slice, mask)``.
+
+    Not causal: one product of the whole blocks, ``[(slice(None), slice(None), None)]``.
+    Causal (a query at position p sees the keys at positions <= p): one product per pair of a
+    query run and a key run of ``contiguous_runs`` (query runs in order, and for each the key
+    runs in order), leaving out every pair in which no query sees any key; ``mask`` is None
+    where every query of the pair sees every key, else the ``(Lq, Lk)`` bool tensor
+    ``q_pos[qs, None] >= k_pos[None, ks]``.
+    """
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+
+class RingAttention(torch.autograd.Function):
+    """Attention over the whole sequence for this rank's tokens, the keys and values passed
+    around the ring of ``group``'s ``c`` ranks.
+
+    ``RingAttention.apply(q, k, v, positions, group, causal)``: ``q``, ``k``, ``v`` ``(B, H, L,
+    hd)`` are this rank's tokens, in the order of ``positions[me]``; ``positions`` is a list of
+    ``c`` 1-D int64 tensors, the global positions of the tokens each group rank holds (their
+    lengths may differ); ``group`` a process group (None: the world); ``causal`` a bool.
+    Returns ``out`` ``(B, H, L, hd)``, what attention over all the ``S`` tokens gives this
+    rank's queries; its backward returns the gradients of ``q``, ``k`` and ``v`` (None for the
+    other three).
+
+    Forward: at step ``i = 0 .. c-1`` the rank holds the keys and values of group rank ``(me -
+    i) mod c`` (at step 0 its own). Before computing with the held block it starts passing it
+    on: ``dist.isend`` to the next rank and ``dist.irecv`` of the following block from the
+    previous one (``ring_peers``), waited on after the compute. Every pair of ``block_pairs``
+    is computed with ``block_forward`` and merged with ``merge_blocks``.
+
+    Backward: the queries' gradient stays home; each block of keys and values travels the ring
+    again with the gradient of its keys and values, to which every rank adds its share
+    (``block_backward``, the same pairs); after ``c`` steps each block's gradient is back on its
+    own rank.
+
+    Only ``dist.isend`` / ``dist.irecv`` (or ``send`` / ``recv``) with the two ring neighbours,
+    no collective; per message at most one block's keys and values (and, in the backward,
+    their gradients). What the forward keeps for the backward is this rank's own ``q``, ``k``,
+    ``v``, ``out`` and the log-sum-exp, never a block received from another rank: a rank holds
+    ``1/c`` of the keys and values.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, positions, group, causal):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+    @staticmethod
+    def backward(ctx, dout):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+
+def ring_attention(q, k, v, positions, group=None, causal=False):
+    """``RingAttention.apply(q, k, v, positions, group, causal)`` after checking the arguments:
+    ValueError unless ``positions`` has one tensor per rank of the group and this rank's
+    matches ``q``'s length. Given."""
+    me, c, _, _ = ring_peers(group)
+    if len(positions) != c or len(positions[me]) != q.shape[-2]:
+        raise ValueError(f"positions must hold {c} tensors, positions[{me}] of length "
+                         f"{q.shape[-2]}")
+    return RingAttention.apply(q, k, v, positions, group, causal)
+
+
+# ------------------------------------------------------------------ sequence parallelism
+class NormMLP(nn.Module):
+    """A transformer's MLP sub-block, residual included: ``x + fc2(act(fc1(norm(x))))``, norm =
+    LayerNorm(d), fc1 = Linear(d, h), act = GELU, fc2 = Linear(h, d). Activations are
+    sequence-first, ``(S, B, d)``. Given."""
+
+    def __init__(self, d_model, d_hidden):
+        super().__init__()
+        self.norm, self.act = nn.LayerNorm(d_model), nn.GELU()
+        self.fc1, self.fc2 = nn.Linear(d_model, d_hidden), nn.Linear(d_hidden, d_model)
+
+    def forward(self, x):
+        return x + self.fc2(self.act(self.fc1(self.norm(x))))
+
+
+class GatherFromSequence(torch.autograd.Function):
+    """Entering the tensor-parallel region: ``GatherFromSequence.apply(x, group)``, ``x`` this
+    rank's rows ``(S/t, ...)`` of a sequence-first activation, returns the whole ``(S, ...)``
+    on every rank of ``group``, the ranks' rows in group-rank order (one
+    ``dist.all_gather_into_tensor``). Backward: every rank holds a gradient of the whole
+    sequence (its part of the work); the gradient of ``x`` is the sum of the ranks' gradients,
+    rows of this rank only (one ``dist.reduce_scatter_tensor``). None for ``group``."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        t = dist.get_world_size(group)
+        x = x.contiguous()
+        out = x.new_empty((t * x.shape[0],) + tuple(x.shape[1:]))
+        dist.all_gather_into_tensor(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        t = dist.get_world_size(ctx.group)
+        grad = grad.contiguous()
+        out = grad.new_empty((grad.shape[0] // t,) + tuple(grad.shape[1:]))
+        dist.reduce_scatter_tensor(out, grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        return out, None
+
+
+class ReduceScatterToSequence(torch.autograd.Function):
+    """Leaving the tensor-parallel region: ``ReduceScatterToSequence.apply(x, group)``, ``x`` a
+    partial sum ``(S, ...)`` of the whole sequence on every rank of ``group``, returns this
+    rank's rows ``(S/t, ...)`` of the sum over the ranks (one ``dist.reduce_scatter_tensor``).
+    Backward: the gradient of this rank's rows, gathered from every rank (one
+    ``dist.all_gather_into_tensor``). None for ``group``."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        t = dist.get_world_size(group)
+        x = x.contiguous()
+        out = x.new_empty((x.shape[0] // t,) + tuple(x.shape[1:]))
+        dist.reduce_scatter_tensor(out, x, op=dist.ReduceOp.SUM, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        t = dist.get_world_size(ctx.group)
+        grad = grad.contiguous()
+        out = grad.new_empty((t * grad.shape[0],) + tuple(grad.shape[1:]))
+        dist.all_gather_into_tensor(out, grad, group=ctx.group)
+        return out, None
+
+
+class SequenceParallelNormMLP(nn.Module):
+    """``NormMLP`` with tensor and sequence parallelism over the ``t`` ranks of ``group``.
+
+    Group rank ``r`` holds rows ``[r*k, (r+1)*k)`` of fc1 (``w1``, ``b1``; ``k = h/t``),
+    columns ``[r*k, (r+1)*k)`` of fc2 (``w2``), and whole copies of the norm and of fc2's bias
+    (``b2``). ``forward(x)``: ``x`` is this rank's rows ``(S/t, B, d)`` of the sequence (rank
+    ``r``: rows ``[r*S/t, (r+1)*S/t)``); returns the same rows of the block's output. The norm,
+    the residual and ``b2`` run on the rank's ``S/t`` rows only; ``GatherFromSequence`` brings
+    the whole normalised sequence into fc1, ``ReduceScatterToSequence`` sums fc2's partial
+    outputs and keeps the rank's rows; ``b2`` is added once, after it. One all-gather and one
+    reduce-scatter in the forward, one of each in the backward, no all-reduce.
+
+    The parameters every rank holds whole (``replicated``: the norm's weight and bias, ``b2``)
+    get from each rank the gradient of its rows only: ``sequence_parallel_grads`` sums them.
+    """
+
+    def __init__(self, norm, w1, b1, act, w2, b2, group):
+        super().__init__()
+        self.norm, self.act, self.group = norm, act, group
+        self.w1, self.b1 = nn.Parameter(w1), nn.Parameter(b1)
+        self.w2, self.b2 = nn.Parameter(w2), nn.Parameter(b2)
+        self.replicated = [self.norm.weight, self.norm.bias, self.b2]
+
+    @classmethod
+    def from_block(cls, block, group):
+        """This rank's shard of the ``NormMLP`` ``block`` (copies). Given."""
+        r, t = dist.get_rank(group), dist.get_world_size(group)
+        k = block.fc1.out_features // t
+        rows = slice(r * k, (r + 1) * k)
+        return cls(copy.deepcopy(block.norm), block.fc1.weight.detach()[rows].clone(),
+                   block.fc1.bias.detach()[rows].clone(), copy.deepcopy(block.act),
+                   block.fc2.weight.detach()[:, rows].clone(), block.fc2.bias.detach().clone(),
+                   group)
+
+    def forward(self, x):
+        dtype = x.dtype
+        # the layer norm by hand, in float64, on my rows only
+        x64 = x.to(torch.float64)
+        mean = x64.mean(dim=-1, keepdim=True)
+        var = ((x64 - mean) ** 2).mean(dim=-1, keepdim=True)
+        normed = (x64 - mean) / torch.sqrt(var + self.norm.eps)
+        normed = normed * self.norm.weight.to(torch.float64) + self.norm.bias.to(torch.float64)
+        # communicate in the activations' own dtype
+        whole = GatherFromSequence.apply(normed.to(dtype), self.group)
+        # fc1 and the activation in float64, back to the dtype before fc2
+        hidden = whole.to(torch.float64).matmul(self.w1.to(torch.float64).t()) \
+            + self.b1.to(torch.float64)
+        hidden = self.act(hidden).to(dtype)
+        partial = hidden.matmul(self.w2.t())
+        mine = ReduceScatterToSequence.apply(partial, self.group)
+        mine = mine + self.b2          # b2 once, after the reduce-scatter, before the residual
+        return x + mine
+
+
+def sequence_parallel_grads(module):
+    """Sum, over ``module.group``, the gradient of every parameter in ``module.replicated``
+    (with ``dist.all_reduce``: one per parameter, or one of them flattened together), so that
+    every rank holds the whole sequence's gradient of each. Call it after the backward, before
+    the optimizer step. Returns None."""
+    works = []
+    for p in module.replicated:
+        if p.grad is not None:
+            works.append(dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=module.group,
+                                         async_op=True))
+    for w in works:
+        w.wait()
