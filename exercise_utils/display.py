@@ -332,8 +332,10 @@ class Tracebacks:
         prefix, rest = self.PREFIX.match(line).groups()
         chained = prefix in self.ended and (not rest.strip() or rest.startswith(self.CHAINED))
         # ranks that print without a prefix (torchrun's workers forked from a zygote) can
-        # interleave two tracebacks: a frame after one's error line is the other's, still open
-        resumed = prefix in self.ended and self.FRAME.match(rest)
+        # interleave two tracebacks: a frame, or a frame's indented source line, after one's
+        # error line is the other's, still open
+        resumed = prefix in self.ended and (self.FRAME.match(rest) or (
+            rest[:1].isspace() and rest.strip()))
         if rest.startswith("Traceback (most recent call last):") or chained or resumed or (
                 prefix in self.open and (not rest.strip() or rest[0].isspace())):
             self.open.add(prefix)

@@ -190,6 +190,15 @@ def test_a_notebooks_launch_leaves_the_ranks_tracebacks_out_of_the_live_output()
     echo = display.Tracebacks()
     assert [line for line in bare if echo(line)] == [
         "NotImplementedError", "NotImplementedError", "(a summary)"]
+    # ... and a frame's source line first (a fresh-clone CI run, notebook 05's blank release:
+    # the other rank's "    runpy.run_path(...)" came right after the first one's error line)
+    bare = ["Traceback (most recent call last):", "Traceback (most recent call last):",
+            "NotImplementedError", '    runpy.run_path(target, run_name="__main__")',
+            '  File "<frozen runpy>", line 291, in run_path', "NotImplementedError",
+            "(a summary)"]
+    echo = display.Tracebacks()
+    assert [line for line in bare if echo(line)] == [
+        "NotImplementedError", "NotImplementedError", "(a summary)"]
 
 
 def test_a_launch_stopped_by_unwritten_code_names_the_function(tmp_path):
