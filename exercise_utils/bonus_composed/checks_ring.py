@@ -37,7 +37,7 @@ from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, observing, run_ranks
 from ..notebook_files import no_file, unimplemented
 from . import inputs, probes_ring, refs
-from .checks import unfinished
+from .checks import close, max_diff, unfinished
 from .wire import check_ring_wire
 
 __all__ = ["check_ring_attention"]
@@ -45,24 +45,6 @@ __all__ = ["check_ring_attention"]
 TOL = {"torch.float64": 1e-10, "torch.float32": 1e-5}
 PIECES = ("merge_blocks", "balanced_positions", "block_pairs", "RingAttention.forward",
           "RingAttention.backward")
-
-
-def _max_diff(a, e):
-    a, e = np.asarray(a, dtype=np.float64), np.asarray(e, dtype=np.float64)
-    return float(np.max(np.abs(a - e))) if a.size else 0.0
-
-
-def _close(case, where, got, want, tol, hint=""):
-    if got is None:
-        fail(case, f"{where} is None (no gradient reached it){hint}")
-    got = np.asarray(got, dtype=np.float64)
-    if got.shape != want.shape:
-        fail(case, f"{where} has shape {got.shape}, expected {want.shape}{hint}")
-    scale = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
-    diff = _max_diff(got, want)
-    if not np.isfinite(diff) or diff > tol * scale:
-        fail(case, f"{where} differs from one process by {diff:.2e} (tolerance {tol:g} x "
-                   f"{scale:.2e}){hint}")
 
 
 def _check_pure(pure):
@@ -78,11 +60,11 @@ def _check_pure(pure):
                               f"{[list(want_out.shape), list(want_lse.shape)]}")
         w = want_lse.reshape(-1).numpy()
         if not (np.array_equal(np.isinf(got_lse), np.isinf(w))
-                and _max_diff(got_lse[~np.isinf(w)], w[~np.isinf(w)]) <= 1e-12):
+                and max_diff(got_lse[~np.isinf(w)], w[~np.isinf(w)]) <= 1e-12):
             fail("ring-pure", "merge_blocks: the merged log-sum-exp is off (log(exp(lse) + "
                               "exp(lse_b)), -inf only where both sides are -inf; one row's "
                               "sides are 800 apart: a naive exp overflows)")
-        _close("ring-pure", "merge_blocks: the merged output", merge["out"], want_out.numpy(),
+        close("ring-pure", "merge_blocks: the merged output", merge["out"], want_out.numpy(),
                1e-12, " (each side weighted by exp(its lse - the merged lse); a side at -inf "
                       "weighs 0, never NaN)")
         if not merge["kept"] or merge["same"]:
@@ -142,10 +124,6 @@ def _reference(cache, salts, ring, index, case):
     return cache[key]
 
 
-def _digest(t, wide):
-    return t @ inputs.projection(t.shape[-1]).numpy() if wide else t
-
-
 def _check_ring(launch, res, salts, cases):
     cache = {}
     for rank, out in enumerate(res):
@@ -171,8 +149,8 @@ def _check_ring(launch, res, salts, cases):
                 if got["dtype"] != str(dtype):
                     fail("ring-values", f"{where}: the output is {got['dtype']}, expected "
                                         f"{dtype}")
-                _close("ring-values", f"{where}: the output", got["out"],
-                       _digest(ref[0][:, :, pos], wide), tol,
+                close("ring-values", f"{where}: the output", got["out"],
+                       refs.digest(ref[0][:, :, pos], wide), tol,
                        " (attention over the whole sequence for this rank's queries: every "
                        "block merged with merge_blocks)")
                 if got["backward_raised"]:
@@ -181,8 +159,8 @@ def _check_ring(launch, res, salts, cases):
                                         "this rank's own q, k and v, of their shapes: after c "
                                         "steps each block's gradient is back on its own rank)")
                 for i, g in ((1, "dq"), (2, "dk"), (3, "dv")):
-                    _close("ring-values", f"{where}: the gradient of {g[1]}", got[g],
-                           _digest(ref[i][:, :, pos], wide), tol,
+                    close("ring-values", f"{where}: the gradient of {g[1]}", got[g],
+                           refs.digest(ref[i][:, :, pos], wide), tol,
                            " (the backward passes each block with its gradients around the "
                            "ring: after c steps they are back on their own rank)")
                 block = inputs.B * inputs.H * max(len(p) for p in positions) * hd

@@ -192,7 +192,8 @@ def probe_mesh(student, ctx, shapes):
 
 
 # ------------------------------------------------------------------ the vocabulary, split
-def _arr(t):
+def arr(t):
+    """A tensor as plain data (float64 lists), or None."""
     return None if t is None else t.detach().double().numpy().tolist()
 
 
@@ -206,16 +207,16 @@ def _reduce_from_group(student, rec, group, gr, salt):
     y = student.ReduceFromGroup.apply(x, group)
     forward = rec.take()
     y.backward(up)
-    return {"y": _arr(y), "x_grad": _arr(x.grad), "x_kept": bool(torch.equal(x.detach(), before)),
+    return {"y": arr(y), "x_grad": arr(x.grad), "x_kept": bool(torch.equal(x.detach(), before)),
             "forward": forward, "backward": rec.take()}
 
 
-def _digest(grad, size):
-    """A gradient as the plain data of a report: whole (``"small"``), or each row's product
-    with :func:`.inputs.projection` (``"wire"``: too wide to send whole)."""
-    if grad is None or size == "small":
-        return _arr(grad)
-    return _arr(grad.detach().double() @ inputs.projection(grad.shape[-1]))
+def digest(t, wide):
+    """A tensor as the plain data of a report: whole, or (``wide``: too wide to send whole)
+    each row's product with :func:`.inputs.projection` (the judge's twin: :func:`.refs.digest`)."""
+    if t is None or not wide:
+        return arr(t)
+    return arr(t.detach().double() @ inputs.projection(t.shape[-1]))
 
 
 def _embedding(student, rec, group, gi, t, gr, mine, salt0, dtype, size="small"):
@@ -227,7 +228,8 @@ def _embedding(student, rec, group, gi, t, gr, mine, salt0, dtype, size="small")
     got = {"source_kept": bool(torch.equal(emb.weight.detach(), table))}
     w = getattr(shard, "weight", None)
     got["weight"] = None if not isinstance(w, torch.Tensor) else {
-        "value": _digest(w, size), "dtype": str(w.dtype), "requires_grad": bool(w.requires_grad),
+        "value": digest(w, size != "small"), "dtype": str(w.dtype),
+        "requires_grad": bool(w.requires_grad),
         "is_view": bool(w.data_ptr() >= emb.weight.data_ptr()
                         and w.data_ptr() < emb.weight.data_ptr() + emb.weight.numel()
                         * emb.weight.element_size())}
@@ -244,11 +246,11 @@ def _embedding(student, rec, group, gi, t, gr, mine, salt0, dtype, size="small")
                                             if size == "small" else ())
     for name, toks, up in cases:
         y = shard(toks)
-        outs[name] = {"y": _arr(y), "dtype": str(y.dtype), "forward": rec.take()}
+        outs[name] = {"y": arr(y), "dtype": str(y.dtype), "forward": rec.take()}
         if y.requires_grad:
             (y * up).sum().backward()
         outs[name]["backward"] = rec.take()
-        outs[name]["grad"] = _digest(getattr(shard, "weight").grad, size)
+        outs[name]["grad"] = digest(getattr(shard, "weight").grad, size != "small")
         shard.weight.grad = None
     got.update(outs=outs, tokens_kept=bool(torch.equal(tokens, tokens_before)),
                emb_grad=emb.weight.grad is not None)
@@ -269,7 +271,7 @@ def _loss(student, rec, group, gi, t, gr, mine, salt0, dtype, size="small"):
     return {"loss": float(loss.detach()) if isinstance(loss, torch.Tensor) else repr(loss),
             "dim": loss.dim() if isinstance(loss, torch.Tensor) else None,
             "dtype": str(getattr(loss, "dtype", type(loss).__name__)),
-            "grad": _digest(logits.grad, size), "forward": forward, "backward": backward,
+            "grad": digest(logits.grad, size != "small"), "forward": forward, "backward": backward,
             "kept": bool(torch.equal(logits.detach(), kept[0]) and torch.equal(targets, kept[1]))}
 
 

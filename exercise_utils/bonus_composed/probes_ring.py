@@ -19,13 +19,10 @@ import torch.distributed as dist
 from ..rankworker import not_implemented
 from ..recorder import PointToPoint
 from . import inputs
+from .probes import arr, digest
 from .probes import call as _call
 
 NEG_INF = float("-inf")
-
-
-def _arr(t):
-    return None if t is None else t.detach().double().numpy().tolist()
 
 
 def _lse(t):
@@ -70,7 +67,7 @@ def _pure(student):
         got = _call(student.merge_blocks, *args)
         if "value" in got:
             o, lse = got["value"]
-            got = {"out": _arr(o), "lse": _lse(lse), "shapes": [list(o.shape), list(lse.shape)],
+            got = {"out": arr(o), "lse": _lse(lse), "shapes": [list(o.shape), list(lse.shape)],
                    "same": any(x is a for x in (o, lse) for a in args)}
         got["kept"] = all(torch.equal(a, b) for a, b in zip(args, kept))
         out["merge"] = got
@@ -153,14 +150,6 @@ def _kept_bytes(node, seen=None):
     return total
 
 
-def _digest(t, wide):
-    """A tensor as the plain data of a report: whole, or (``wide``) each row's product with
-    :func:`.inputs.projection`."""
-    if t is None or not wide:
-        return _arr(t)
-    return _arr(t.detach().double() @ inputs.projection(t.shape[-1]))
-
-
 def _run_case(student, group, ring, index, case, mine, log, nbrs):
     name, dtype, kind, causal, S = case
     c = len(ring)
@@ -186,8 +175,8 @@ def _run_case(student, group, ring, index, case, mine, log, nbrs):
     backward = list(log)
     own = sum(t.numel() * t.element_size() for t in (q, k, v, out)) + out[..., 0].numel() * \
         out.element_size()
-    return {"out": _digest(out, wide), "dtype": str(out.dtype), "dq": _digest(q.grad, wide),
-            "dk": _digest(k.grad, wide), "dv": _digest(v.grad, wide), "forward": forward,
+    return {"out": digest(out, wide), "dtype": str(out.dtype), "dq": digest(q.grad, wide),
+            "dk": digest(k.grad, wide), "dv": digest(v.grad, wide), "forward": forward,
             "backward": backward, "kept": kept,
             "own": own, "neighbours": list(nbrs), "positions": [p.tolist() for p in positions],
             "backward_raised": raised}

@@ -15,13 +15,9 @@ import torch.distributed as dist
 from ..rankworker import not_implemented
 from ..recorder import Recorder
 from . import inputs
-from .probes import tp_group
+from .probes import arr, tp_group
 
 PARAMS = ("w1", "b1", "w2", "b2", "norm.weight", "norm.bias")
-
-
-def _arr(t):
-    return None if t is None else t.detach().double().numpy().tolist()
 
 
 def _run(student, rec, group, gi, t, gr, mine, salt0, dtype):
@@ -43,8 +39,8 @@ def _run(student, rec, group, gi, t, gr, mine, salt0, dtype):
         p = par
         for part in name.split("."):
             p = getattr(p, part)
-        grads[name] = _arr(p.grad)
-    return {"y": _arr(y), "dtype": str(y.dtype), "x_grad": _arr(x.grad), "grads": grads,
+        grads[name] = arr(p.grad)
+    return {"y": arr(y), "dtype": str(y.dtype), "x_grad": arr(x.grad), "grads": grads,
             "forward": forward, "backward": backward, "reduce": reduce}
 
 

@@ -59,12 +59,10 @@ def vocab(salts, salt0, group_index, t, dtype, size="small"):
             "loss": float(loss.detach()), "logits_grad": logits.grad.double().numpy()}
 
 
-def digest(grad, size):
-    """What a rank reports of a gradient (:func:`.probes._digest`'s rule): whole, or each row
-    times :func:`.inputs.projection`."""
-    if size == "small":
-        return grad
-    return grad @ inputs.projection(grad.shape[-1]).numpy()
+def digest(array, wide):
+    """What a rank reports of a tensor (:func:`.probes.digest`'s rule): whole, or (``wide``)
+    each row times :func:`.inputs.projection`."""
+    return array @ inputs.projection(array.shape[-1]).numpy() if wide else array
 
 
 def embedding_grads(salts, members, salt0, group_index, t, dtype, size="small"):
