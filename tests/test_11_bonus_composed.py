@@ -1,4 +1,5 @@
-"""Notebook 11 (bonus): a mesh, the vocabulary split, ring attention and sequence parallelism. The judge's rules
+"""Notebook 11 (bonus): a mesh, the vocabulary split, ring attention, sequence parallelism and the
+composed step. The judge's rules
 against their definitions and against torch (``init_device_mesh``'s groups, attention over the
 whole sequence), the solution's pure pieces against the judge's on arbitrary inputs
 (Hypothesis), the sweeps reaching every edge the contract names, the blank release's regions,
@@ -7,10 +8,11 @@ blank release. The checks against the known-wrong and the correct files:
 ``tests/test_checks.py``.
 
 check_mesh launches 8 and 6 gloo ranks, check_vocab_parallel 4 and 3, check_ring_attention 3
-and 4, check_sequence_parallel 4 and 3."""
+and 4, check_sequence_parallel 4 and 3, check_composed_step 8 and 3."""
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -27,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STEM = "11_bonus_composed"
 SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
-POINTS = 10
-CHECKS = 4
+POINTS = 13
+CHECKS = 5
 
 
 @pytest.fixture(scope="module")
@@ -248,9 +250,70 @@ def test_the_ring_check_reports_piece_by_piece(tmp_path):
     assert str(err.value) == (
         f"not implemented yet: RingAttention.forward in {path} still raises "
         "NotImplementedError. Replace the `raise` line with your code, then run the cell "
-        "`%%part work/11_composed.py 3/4` again. Finished and passing with 3 and 4 ranks: "
+        "`%%part work/11_composed.py 3/5` again. Finished and passing with 3 and 4 ranks: "
         "merge_blocks, balanced_positions, block_pairs. Still to do in that file, in order: "
         "RingAttention.backward."), str(err.value)
+
+
+# ------------------------------------------------------------------ the composed step
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_judges_gpt_is_the_notebooks(solution, dtype):
+    """The judge's GPT (written from the notebook's definition) gives the given GPT's loss and
+    gradients on the judge's weights and batches, float64 and float32 weights."""
+    dtype = getattr(torch, dtype)
+    for step in (0, 1):
+        model = solution.GPT(*inputs.GPT_SIZES).to(dtype)
+        model.load_state_dict(inputs.gpt_state(123 + step, dtype))
+        model.double()
+        tokens, targets = inputs.gpt_batch(123 + step, step)
+        loss = model.loss(tokens, targets)
+        loss.backward()
+        want_loss, want = refs.gpt(123 + step, dtype, step)
+        assert abs(float(loss) - want_loss) < 1e-12
+        for name, p in model.named_parameters():
+            assert np.abs(p.grad.numpy() - want[name]).max() < 1e-12, name
+
+
+@pytest.mark.parametrize("shape", [s for _, _, shapes in inputs.STEP_LAUNCHES for s in shapes]
+                         + [(1, 4, 1), (2, 1, 1)])
+def test_the_judges_cut_is_the_given_from_model(solution, shape):
+    """Cut by the judge's rule (refs.stage_grads applied to the weights), every rank's stage is
+    the given from_model's parameters, name by name (a fake process group: one process stands
+    for each rank in turn; the solution's Mesh)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    state = inputs.gpt_state(7, torch.float64)
+    full = {k: v.numpy() for k, v in state.items()}
+    world = math.prod(shape)
+    for rank in range(world):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+        try:
+            model = solution.GPT(*inputs.GPT_SIZES).double()
+            model.load_state_dict(state)
+            mesh = solution.Mesh(*shape)
+            stage = dict(solution.GPTStage.from_model(model, mesh).named_parameters())
+            c = refs.mesh(rank, *shape)["coords"]
+        finally:
+            dist.destroy_process_group()
+        want = refs.stage_grads(full, c["pp"], shape[1], c["tp"], shape[2])
+        assert set(stage) == set(want), (shape, rank)
+        for name, value in want.items():
+            assert np.array_equal(stage[name].detach().numpy(), value), (shape, rank, name)
+
+
+def test_the_step_sweep_reaches_every_edge():
+    """Each launch's meshes multiply to its world; every dimension is 1 somewhere and above 1
+    somewhere; pipeline stages of unequal length (1x3x1); a tensor-parallel group of 3 and of
+    4; every size divides the model's heads, width, vocabulary and batch."""
+    V, d, H, h, L, _ = inputs.GPT_SIZES
+    shapes = [s for _, size, ss in inputs.STEP_LAUNCHES for s in ss]
+    for _, size, ss in inputs.STEP_LAUNCHES:
+        assert all(math.prod(s) == size for s in ss)
+    for i in range(3):
+        assert {s[i] for s in shapes} >= {1, 2, 3}
+    assert any(L % s[1] for s in shapes) and {s[2] for s in shapes} >= {3, 4}
+    for dp, pp, tp in shapes:
+        assert H % tp == h % tp == V % tp == inputs.GPT_BATCH % dp == 0 and L >= pp
 
 
 # ------------------------------------------------------------------ whole notebook

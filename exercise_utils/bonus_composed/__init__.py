@@ -1,18 +1,22 @@
 """Notebook 11 (bonus), the pieces of a GPT on a mesh: process groups from scratch, the
-vocabulary split across a tensor-parallel group, ring attention and sequence parallelism.
+vocabulary split across a tensor-parallel group, ring attention, sequence parallelism, and one
+training step of a small GPT composed of them on a data x pipeline x tensor mesh.
 
 Modules:
 
 * ``checks``: ``check_mesh`` and ``check_vocab_parallel``, the judges;
 * ``checks_ring``: ``check_ring_attention``, the judge of the ring;
 * ``checks_sp``: ``check_sequence_parallel``, the judge of sequence parallelism;
-* ``refs``: the judge's expected mesh, single-process embedding, cross-entropy and attention,
-  and the rules of the ring's pieces (hidden at grading);
+* ``checks_step``: ``check_composed_step``, the judge of the composed step;
+* ``refs``: the judge's expected mesh, single-process embedding, cross-entropy, attention and
+  GPT, and the rules of the ring's pieces (hidden at grading);
 * ``inputs``: the salted inputs both the ranks and the judge build;
 * ``probes``: what runs inside the ranks of ``check_mesh`` and ``check_vocab_parallel`` (every
   ``dist.new_group`` logged, the collectives recorded);
 * ``probes_sp``: what runs inside the ranks of ``check_sequence_parallel`` (the collectives of
   each phase recorded);
+* ``probes_step``: what runs inside the ranks of ``check_composed_step`` (every message and
+  collective logged with its peer or group);
 * ``probes_ring``: what runs inside the ranks of ``check_ring_attention`` (every point-to-point
   message recorded, the block products counted, what the forward keeps measured);
 * ``wire``: what the vocabulary-split and ring launches may put on the wire (the judge's:

@@ -170,3 +170,50 @@ class NormMLPRef(torch.nn.Module):
 
     def forward(self, x):
         return x + self.fc2(self.act(self.fc1(self.norm(x))))
+
+
+# ------------------------------------------------------------------ the composed step
+# (vocab, d_model, n_heads, d_hidden, n_layers, seq_len): every size divisible by 1, 2, 3, 4
+GPT_SIZES = (24, 24, 12, 48, 4, 5)
+GPT_BATCH = 12
+# (launch name, world size, the (dp, pp, tp) meshes the probe builds, in order; the first of
+# each launch runs in float32 too)
+STEP_LAUNCHES = (("8 ranks", 8, ((2, 2, 2), (1, 2, 4), (2, 4, 1), (4, 1, 2))),
+                 ("3 ranks", 3, ((1, 3, 1), (1, 1, 3), (3, 1, 1))))
+
+
+def gpt_shapes():
+    """``[(name, shape)]`` of the notebook's ``GPT`` with :data:`GPT_SIZES`, in the order of its
+    ``state_dict``."""
+    V, d, _, h, L, S = GPT_SIZES
+    block = (("ln1.weight", (d,)), ("ln1.bias", (d,)), ("ln2.weight", (d,)), ("ln2.bias", (d,)),
+             ("qkv.weight", (3 * d, d)), ("qkv.bias", (3 * d,)), ("proj.weight", (d, d)),
+             ("proj.bias", (d,)), ("fc1.weight", (h, d)), ("fc1.bias", (h,)),
+             ("fc2.weight", (d, h)), ("fc2.bias", (d,)))
+    return ([("tok.weight", (V, d)), ("pos.weight", (S, d))]
+            + [(f"blocks.{i}.{n}", s) for i in range(L) for n, s in block]
+            + [("norm.weight", (d,)), ("norm.bias", (d,)), ("head.weight", (V, d))])
+
+
+def gpt_state(salt0, dtype):
+    """The GPT's weights, from rank 0's number: matrices scaled by ``1/sqrt(fan_in)``, norms'
+    weights near 1, biases and embeddings away from their defaults."""
+    gen = salted_generator(7700, salt0)
+    state = {}
+    for name, shape in gpt_shapes():
+        w = torch.randn(shape, generator=gen, dtype=torch.float64)
+        if len(shape) == 2:                 # a matrix or an embedding table
+            w = w if name.startswith(("tok", "pos")) else w / shape[-1] ** 0.5
+        else:                               # a norm's weight near 1, a bias near 0
+            w = 0.3 * w + (1.0 if name.endswith("weight") else 0.0)
+        state[name] = w.to(dtype)
+    return state
+
+
+def gpt_batch(salt0, step):
+    """``(tokens, targets)`` ``(GPT_BATCH, seq_len)`` int64 of step ``step``, from rank 0's
+    number."""
+    gen = salted_generator(7750 + step, salt0)
+    V, S = GPT_SIZES[0], GPT_SIZES[5]
+    return (torch.randint(0, V, (GPT_BATCH, S), generator=gen),
+            torch.randint(0, V, (GPT_BATCH, S), generator=gen))

@@ -151,3 +151,70 @@ def sp(salts, salt0, group_index, t, dtype):
              "norm.weight": block.norm.weight.grad, "norm.bias": block.norm.bias.grad}
     return {"y": y.detach().double().numpy(), "x_grad": x.grad.double().numpy(),
             "grads": {k: v.double().numpy() for k, v in grads.items()}}
+
+
+# ------------------------------------------------------------------ the composed step
+def _norm(x, state, name):
+    return F.layer_norm(x, x.shape[-1:], state[f"{name}.weight"], state[f"{name}.bias"])
+
+
+def gpt(salt0, dtype, step):
+    """The judge's GPT on the whole batch in one process (written from the notebook's
+    definition, not from its code), in float64 on the weights of ``dtype``: ``(loss,
+    {parameter name: gradient})``."""
+    state = {k: v.double().requires_grad_(True)
+             for k, v in inputs.gpt_state(salt0, dtype).items()}
+    tokens, targets = inputs.gpt_batch(salt0, step)
+    _, d, H, _, L, S = inputs.GPT_SIZES
+    B, hd = tokens.shape[0], d // H
+    x = state["tok.weight"][tokens] + state["pos.weight"][:S]
+    visible = torch.ones(S, S, dtype=torch.bool).tril()
+    for i in range(L):
+        w = {k[len(f"blocks.{i}."):]: v for k, v in state.items() if k.startswith(f"blocks.{i}.")}
+        qkv = _norm(x, w, "ln1") @ w["qkv.weight"].T + w["qkv.bias"]
+        q, k, v = (z.reshape(B, S, H, hd).transpose(1, 2) for z in qkv.split(d, dim=-1))
+        scores = (q @ k.transpose(-1, -2) / hd ** 0.5).masked_fill(~visible, float("-inf"))
+        heads = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, S, d)
+        x = x + heads @ w["proj.weight"].T + w["proj.bias"]
+        hidden = F.gelu(_norm(x, w, "ln2") @ w["fc1.weight"].T + w["fc1.bias"])
+        x = x + hidden @ w["fc2.weight"].T + w["fc2.bias"]
+    logits = _norm(x, state, "norm") @ state["head.weight"].T
+    logp = logits.flatten(0, 1).log_softmax(-1)
+    loss = -logp.gather(1, targets.reshape(-1, 1)).mean()
+    loss.backward()
+    return float(loss.detach()), {k: v.grad.numpy() for k, v in state.items()}
+
+
+def stage_layers(n_layers, pp, p):
+    """The global indices of stage ``p``'s blocks (``tensor_split``, the longer runs first)."""
+    bounds = np.cumsum([0] + [n_layers // pp + (1 if j < n_layers % pp else 0)
+                              for j in range(pp)])
+    return list(range(int(bounds[p]), int(bounds[p + 1])))
+
+
+def stage_grads(grads, p, pp, r, t):
+    """``{name in the stage: its expected gradient}`` of group rank ``r`` of ``t`` on stage
+    ``p`` of ``pp``, cut from the whole model's ``grads`` as the notebook's ``from_model`` and
+    ``from_block`` cut the weights."""
+    V, d, H, h, L, _ = inputs.GPT_SIZES
+    heads = slice(r * d // t, (r + 1) * d // t)      # the rank's heads' features (H / t heads)
+    rows, vocab = slice(r * h // t, (r + 1) * h // t), slice(r * V // t, (r + 1) * V // t)
+    out = {}
+    if p == 0:
+        out.update({"tok.weight": grads["tok.weight"][vocab], "pos.weight": grads["pos.weight"]})
+    for j, i in enumerate(stage_layers(L, pp, p)):
+        g = {k[len(f"blocks.{i}."):]: v for k, v in grads.items() if k.startswith(f"blocks.{i}.")}
+        out.update({f"blocks.{j}.{k}": v for k, v in (      # in the forward's order
+            ("ln1.weight", g["ln1.weight"]), ("ln1.bias", g["ln1.bias"]),
+            ("w_qkv", np.concatenate([g["qkv.weight"][n * d:(n + 1) * d][heads]
+                                      for n in range(3)])),
+            ("b_qkv", np.concatenate([g["qkv.bias"][n * d:(n + 1) * d][heads]
+                                      for n in range(3)])),
+            ("w_proj", g["proj.weight"][:, heads]), ("b_proj", g["proj.bias"]),
+            ("ln2.weight", g["ln2.weight"]), ("ln2.bias", g["ln2.bias"]),
+            ("w1", g["fc1.weight"][rows]), ("b1", g["fc1.bias"][rows]),
+            ("w2", g["fc2.weight"][:, rows]), ("b2", g["fc2.bias"]))})
+    if p == pp - 1:
+        out.update({"norm.weight": grads["norm.weight"], "norm.bias": grads["norm.bias"],
+                    "head": grads["head.weight"][vocab]})
+    return out

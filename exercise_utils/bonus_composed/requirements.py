@@ -141,3 +141,38 @@ CONTRACT["sequence_parallel"] = [
     Clause("replicated", "Sum, over ``module.group``, the gradient of every parameter in "
            "``module.replicated``", cases=("sp-replicated", "sp-collectives")),
 ]
+
+CONTRACT["composed_step"] = [
+    Clause("copy-forward", "``CopyToGroup.apply(x, group)`` returns ``x``'s values (a new "
+           "tensor or a view; ``x`` is not modified) in the forward", cases=("step-values",)),
+    Clause("copy-backward", "its backward returns the sum over the ranks of ``group`` of their "
+           "incoming gradients (one ``dist.all_reduce``, on a copy: the incoming gradient is "
+           "not modified)", cases=("step-values",)),
+    Clause("tp-block", "returns the block's output, the same on every rank.",
+           cases=("step-values",)),
+    Clause("tp-bias-once", "``ReduceFromGroup`` of the partial output projection (or fc2), "
+           "then the bias once and the residual", cases=("step-values",)),
+    Clause("tp-collectives", "one all-reduce per half in the forward, one per half in the "
+           "backward.", cases=("step-collectives",)),
+    Clause("stage-head", "the last stage returns its columns of the logits, ``(b, S, V/t)`` "
+           "(the norm, ``CopyToGroup``, the head's rows: the head is column-parallel, so its "
+           "input's gradient is a sum over the group)", cases=("step-values",)),
+    Clause("replica-rows", "Replica ``d`` (``mesh.coords[\"dp\"]``) takes rows ``[d*B/dp, "
+           "(d+1)*B/dp)``.", cases=("step-values", "step-messages")),
+    Clause("inputs", "the whole batch, the same on every rank (not modified)",
+           cases=("step-values",)),
+    Clause("pipeline", "a stage that is not the first receives its input ``(B/dp, S, d)`` (of "
+           "the stage's parameters' dtype) from ``mesh.prev`` (``dist.recv``, or any other "
+           "point-to-point form); a stage that is not the last sends its output to "
+           "``mesh.next`` and receives the output's gradient back from it",
+           cases=("step-messages", "step-values")),
+    Clause("dp-average", "Then every parameter's gradient is averaged over the data-parallel "
+           "group (``dist.all_reduce`` over ``mesh.groups[\"dp\"]``, divided by ``dp``).",
+           cases=("step-values", "step-collectives")),
+    Clause("returns", "Returns the whole batch's mean loss as a Python float, the same on "
+           "every rank", cases=("step-values",)),
+    Clause("state", "its parameters' ``.grad`` are None when called.", cases=("step-values",)),
+    Clause("neighbours", "Messages only to and from the pipeline neighbours (``mesh.prev``, "
+           "``mesh.next``); every collective over one of the mesh's groups.",
+           cases=("step-messages", "step-collectives")),
+]

@@ -3,7 +3,7 @@ written, printing what it computed beside what one process (or torch) computes
 (:mod:`exercise_utils.tries`). Not a check: nothing is judged or graded here.
 
     from exercise_utils.bonus_composed import tries
-    tries.run("mesh")        # then "vocab", "ring" and "sequence"
+    tries.run("mesh")        # then "vocab", "ring", "sequence" and "step"
 
 Used in 11_bonus_composed.
 """
@@ -17,7 +17,8 @@ WORK = "work/11_composed.py"
 
 
 def run(piece, work=WORK):
-    """Run the try of ``piece`` (``"mesh"``, ``"vocab"``, ``"ring"`` or ``"sequence"``) with
+    """Run the try of ``piece`` (``"mesh"``, ``"vocab"``, ``"ring"``, ``"sequence"`` or
+    ``"step"``) with
     the file ``work``; print what each rank computed."""
     core.run(TRIES, piece, work)
 
@@ -109,6 +110,27 @@ def try_sequence(mine, ctx):
             f"{_diff(par.norm.weight.grad, block.norm.weight.grad)}"]
 
 
+def try_step(mine, ctx):
+    """4 ranks, a 1 x 2 x 2 mesh (two stages of two tensor-parallel ranks): one composed step of a small GPT beside the whole model in one process."""
+    torch.manual_seed(0)
+    model = mine.GPT(8, 8, 4, 16, 2, 6).double()
+    tokens, targets = torch.randint(0, 8, (2, 6)), torch.randint(0, 8, (2, 6))
+    ref = mine.GPT(8, 8, 4, 16, 2, 6).double()
+    ref.load_state_dict(model.state_dict())
+    ref_loss = ref.loss(tokens, targets)
+    ref_loss.backward()
+    mesh = mine.Mesh(1, 2, 2)
+    stage = mine.GPTStage.from_model(model, mesh)
+    loss = mine.composed_step(stage, tokens, targets, mesh)
+    lines = [f"stage {mesh.coords['pp']}, tp rank {mesh.coords['tp']}: loss {loss:.6f} (one "
+             f"process {float(ref_loss):.6f})"]
+    block, full = stage.blocks[0], ref.blocks[stage.first_layer]
+    lines.append(f"block {stage.first_layer}: ln1's weight gradient max difference "
+                 f"{_diff(block.ln1.weight.grad, full.ln1.weight.grad)}, fc2's bias "
+                 f"{_diff(block.b2.grad, full.fc2.bias.grad)}")
+    return lines
+
+
 TRIES = {
     "mesh": core.Try(try_mesh, ("mesh_coords", "mesh_lines", "Mesh.__init__"),
                      "a 1 x 2 x 2 mesh", ranks=4),
@@ -128,4 +150,8 @@ TRIES = {
                                         "SequenceParallelNormMLP.forward",
                                         "sequence_parallel_grads"),
                          "the sequence-parallel block on 2 ranks"),
+    "step": core.Try(try_step, ("CopyToGroup.forward", "CopyToGroup.backward",
+                                "TensorParallelBlock.forward", "GPTStage.forward",
+                                "composed_step"),
+                     "one composed step on a 1 x 2 x 2 mesh", ranks=4),
 }

@@ -15,6 +15,16 @@ MAX = "        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)\n"
 TARGET = "        target_logit = logits.detach().gather(1, index).squeeze(1) * mine\n"
 BACKWARD = "        return g * (grad / softmax.shape[0]), None, None\n"
 
+COPY_FORWARD = "        ctx.group = group\n        return x.view_as(x)\n"
+COPY_BACKWARD = ("        grad = grad.clone(memory_format=torch.contiguous_format)\n"
+                 "        dist.all_reduce(grad, group=ctx.group)\n        return grad, None\n")
+PROJ = "        x = x + ReduceFromGroup.apply(a, self.group) + self.b_proj\n"
+HEAD = "            x = F.linear(CopyToGroup.apply(self.norm(x), self.group), self.head)\n"
+LOSS_SHARE = ("    dist.all_reduce(value, group=mesh.groups[\"dp\"])\n"
+              "    dist.broadcast(value, src=mesh.ranks[\"pp\"][-1], group=mesh.groups[\"pp\"])\n")
+LOSS = ("        loss = vocab_parallel_cross_entropy(y.flatten(0, 1), targets.flatten(), "
+        "mesh.groups[\"tp\"])\n")
+
 FLAWS = [
     # ------------------------------------------------------------------ the mesh
     Flaw("mesh", "coords_dp_fastest", clause="coords", case="mesh-pure",
@@ -103,7 +113,8 @@ FLAWS = [
          why="all-reduces the gradient in the backward too (as torch.distributed.nn's "
              "all_reduce does): every gradient is the group's sum.",
          expect="the gradient of x",
-         patch=(("        return grad, None\n",
+         patch=(("    def backward(ctx, grad):\n        return grad, None\n",
+                 "    def backward(ctx, grad):\n"
                  "        grad = grad.clone()\n        dist.all_reduce(grad, group=ctx.group)\n"
                  "        return grad, None\n"),
                 ("        dist.all_reduce(out, group=group)\n        return out\n",
@@ -488,4 +499,99 @@ FLAWS += [
                              "        probe = out.detach().norm().reshape(1)\n"
                              "        dist.all_reduce(probe, group=self.group)\n"
                              "        return out\n"),)),
+
+    # ------------------------------------------------------------------ the composed step
+    Flaw("composed_step", "copy_backward_identity", clause="copy-backward", case="step-values",
+         why="gives CopyToGroup the identity backward too (no all-reduce of the gradient).",
+         expect="differs from one process",
+         patch=((COPY_BACKWARD, "        return grad, None\n"),)),
+    Flaw("composed_step", "copy_forward_all_reduce", clause="copy-forward", case="step-values",
+         why="sums the activation over the group in CopyToGroup's forward, as g does.",
+         expect="returned the loss",
+         patch=((COPY_FORWARD, "        ctx.group = group\n        out = x.clone()\n"
+                               "        dist.all_reduce(out, group=group)\n"
+                               "        return out\n"),)),
+    Flaw("composed_step", "bias_before_reduce", clause="tp-bias-once", case="step-values",
+         why="adds the output projection's bias on every rank before the all-reduce: t times.",
+         expect="returned the loss",
+         patch=((PROJ, "        x = x + ReduceFromGroup.apply(a + self.b_proj, self.group)\n"),)),
+    Flaw("composed_step", "mlp_without_copy", clause="tp-block", case="step-values",
+         why="forgets f before fc1: the MLP's input gradient stays each rank's part.",
+         expect="the gradient of blocks.1.ln2.bias",
+         patch=(("        h = CopyToGroup.apply(self.ln2(x), self.group)\n",
+                 "        h = self.ln2(x)\n"),)),
+    Flaw("composed_step", "head_without_copy", clause="stage-head", case="step-values",
+         why="feeds the norm's output to the head's rows without f: the final norm's gradient "
+             "is each rank's part only.",
+         expect="the gradient of norm.bias",
+         patch=((HEAD, "            x = F.linear(self.norm(x), self.head)\n"),)),
+    Flaw("composed_step", "grads_summed", clause="dp-average", case="step-values",
+         why="sums the gradients over the data-parallel group without dividing by dp.",
+         expect="the gradient of",
+         patch=(("        p.grad /= dp\n", ""),)),
+    Flaw("composed_step", "loss_over_world", clause="neighbours", case="step-collectives",
+         why="brings the loss to every rank with one all-reduce over the world (the other "
+             "stages add 0), divided by dp * tp: the right number, over a group that is not "
+             "the mesh's.",
+         expect="all_reduce over ranks [0, 1, 2, 3, 4, 5, 6, 7]",
+         patch=((LOSS_SHARE, "    dist.all_reduce(value)\n"
+                             "    value /= mesh.sizes[\"tp\"]\n"),)),
+    Flaw("composed_step", "replica_whole_batch", clause="replica-rows", case="step-messages",
+         why="runs the whole batch on every replica: the same gradients, dp times the work "
+             "and the messages.",
+         expect="numbers)",
+         patch=(("    tokens, targets = tokens[d * b:(d + 1) * b], targets[d * b:(d + 1) * b]\n",
+                 "    b = tokens.shape[0]\n"),)),
+    Flaw("composed_step", "replica_first_rows", clause="replica-rows", case="step-values",
+         why="gives every replica the first B/dp rows.",
+         expect="returned the loss",
+         patch=(("    tokens, targets = tokens[d * b:(d + 1) * b], targets[d * b:(d + 1) * b]\n",
+                 "    tokens, targets = tokens[:b], targets[:b]\n"),)),
+    Flaw("composed_step", "inputs_rolled", clause="inputs", case="step-values",
+         why="rolls its replica's rows to the front of the given batch in place, then takes "
+             "the first rows: the right rows, and the caller's batch changed.",
+         expect="modified the tokens or targets",
+         patch=(("    tokens, targets = tokens[d * b:(d + 1) * b], targets[d * b:(d + 1) * b]\n",
+                 "    tokens[:] = tokens.roll(-d * b, 0)\n"
+                 "    targets[:] = targets.roll(-d * b, 0)\n"
+                 "    tokens, targets = tokens[:b], targets[:b]\n"),)),
+    Flaw("composed_step", "loss_last_stage_only", clause="returns", case="step-values",
+         why="returns each stage's own loss: 0 on the stages that are not the last.",
+         expect="returned the loss",
+         patch=((LOSS_SHARE, ""),)),
+    Flaw("composed_step", "loss_tensor", clause="returns", case="step-values",
+         why="returns the loss as a 0-dim tensor.",
+         expect="expected a Python float",
+         patch=(("    return float(value) / dp\n", "    return value.reshape(()) / dp\n"),)),
+    Flaw("composed_step", "loss_by_messages", clause="neighbours", case="step-messages",
+         why="passes the loss back along the pipeline with point-to-point messages instead "
+             "of a broadcast over the pipeline group.",
+         expect="the messages were",
+         patch=((LOSS_SHARE, "    dist.all_reduce(value, group=mesh.groups[\"dp\"])\n"
+                             "    if mesh.next is not None:\n"
+                             "        dist.recv(value, mesh.next)\n"
+                             "    if mesh.prev is not None:\n"
+                             "        dist.send(value, mesh.prev)\n"),)),
+    Flaw("composed_step", "gathered_logits", clause="tp-collectives", case="step-collectives",
+         why="gathers the full logits over the tensor-parallel group and takes F.cross_entropy "
+             "of them: the right loss, and the (b * S, V) logits on every rank.",
+         expect="over the tensor-parallel group",
+         patch=((LOSS, "        parts = [torch.empty_like(y) for _ in range(mesh.sizes[\"tp\"])]\n"
+                       "        dist.all_gather(parts, y.contiguous(), group=mesh.groups[\"tp\"])\n"
+                       "        parts[mesh.coords[\"tp\"]] = y\n"
+                       "        loss = F.cross_entropy(torch.cat(parts, -1).flatten(0, 1), "
+                       "targets.flatten())\n"),)),
+    Flaw("composed_step", "batch_cached", clause="state", case="step-values",
+         why="keeps its replica's rows on the stage from the first call and reuses them.",
+         expect="(the second step)",
+         patch=(("    tokens, targets = tokens[d * b:(d + 1) * b], targets[d * b:(d + 1) * b]\n",
+                 "    if not hasattr(stage, \"rows\"):\n"
+                 "        stage.rows = tokens[d * b:(d + 1) * b], targets[d * b:(d + 1) * b]\n"
+                 "    tokens, targets = stage.rows\n"),)),
+    Flaw("composed_step", "middle_sends_output_grad", clause="pipeline", case="step-values",
+         why="on a middle stage, sends back the gradient it received for its output instead of "
+             "its input's gradient (the same shape).",
+         expect="mesh 2x4x1",
+         patch=(("        dist.send(x.grad, mesh.prev)\n",
+                 "        dist.send(grad if mesh.next is not None else x.grad, mesh.prev)\n"),)),
 ]
