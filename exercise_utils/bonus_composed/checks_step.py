@@ -1,8 +1,8 @@
 """Checker of notebook 11's composed step for ``work/11_composed.py``: ``check_composed_step``
 (the judge: expected values from :mod:`.refs`).
 
-It launches 8 gloo ranks (meshes 2x2x2, 1x2x4, 2x4x1, 4x1x2) and 3 (1x3x1: uneven stages,
-1x1x3, 3x1x1), :mod:`.probes_step`: the notebook's ``GPT`` with the judge's weights cut into
+It launches 8 gloo ranks (meshes 2x2x2, 1x2x4, 2x4x1, 4x1x2) and 3 (1x1x3, 1x3x1: uneven
+stages, 3x1x1), :mod:`.probes_step`: the notebook's ``GPT`` with the judge's weights cut into
 stages by the given ``from_model``, one ``composed_step`` on the judge's batch in float64, a
 second on another batch, and one in float32 on each launch's first mesh:
 
@@ -14,7 +14,10 @@ second on another batch, and one in float32 on each launch's first mesh:
 * ``step-collectives``: every collective over one of the rank's mesh groups; over the
   tensor-parallel group only all-reduces, as many and as large as the stage's blocks, embedding
   and loss need; over the data-parallel group the parameters' numbers (and the loss); over the
-  pipeline group only the loss.
+  pipeline group only the loss;
+* ``step-wire``: where links are observed (grading), with a wide model's step more on each
+  launch's first mesh (:data:`.inputs.GPT_WIRE_SIZES`), all links together carry what those
+  calls put there (:mod:`.wire`), whatever the ranks do to the recorders in their memory.
 
 Tolerance: ``1e-10`` (float64) or ``1e-5`` (float32) times the largest magnitude of the
 reference (at least 1): the loss's, or all the model's gradients'.
@@ -27,11 +30,12 @@ import numpy as np
 import torch
 
 from ..contract import CheckFailure, fail
-from ..harness import HANG_AFTER, check, run_ranks
+from ..harness import HANG_AFTER, check, observing, run_ranks
 from ..integrity import VIOLATION
 from ..notebook_files import no_file, unimplemented
 from . import inputs, probes_step, refs
 from .checks import max_diff, unfinished
+from .wire import check_step_wire
 
 __all__ = ["check_composed_step"]
 
@@ -56,9 +60,13 @@ def _close(where, got, want, tol, scale):
                             f"{tol:g} x {scale:.2e})")
 
 
+def _model(run):
+    return inputs.GPT_WIRE_SIZES if run["wide"] else inputs.GPT_SIZES
+
+
 def _check_values(where, run, coords, sizes, salt0):
     tol = TOL[run["dtype"]]
-    loss, grads = refs.gpt(salt0, getattr(torch, run["dtype"]), run["step"])
+    loss, grads = refs.gpt(salt0, getattr(torch, run["dtype"]), run["step"], _model(run))
     got = run["loss"]
     if got["type"] != "float":
         fail("step-values", f"{where} returned a {got['type']}; expected a Python float (the "
@@ -69,14 +77,22 @@ def _check_values(where, run, coords, sizes, salt0):
                             "replicas' losses averaged, then broadcast from the last stage)")
     if not run["kept"]:
         fail("step-values", f"{where} modified the tokens or targets it was given")
-    want = refs.stage_grads(grads, coords["pp"], sizes["pp"], coords["tp"], sizes["tp"])
+    want = refs.stage_grads(grads, coords["pp"], sizes["pp"], coords["tp"], sizes["tp"],
+                            _model(run))
     if set(run["grads"]) != set(want):
         fail("step-values", f"{where}: the stage's parameters are {sorted(run['grads'])}; "
                             f"expected {sorted(want)} (the given from_model's)")
-    scale = max(1.0, max(float(np.max(np.abs(g))) for g in grads.values()))
+    want = {k: refs.digest(v, run["wide"]) for k, v in want.items()}
+    scale = max(1.0, max(float(np.max(np.abs(g))) for g in (want if run["wide"] else grads)
+                         .values()))
     for name, value in reversed(want.items()):      # in the backward's order: the first
         #                                               gradient that differs is nearest the fault
         _close(f"{where}: the gradient of {name}", run["grads"][name], value, tol, scale)
+
+
+def _zeros(model):
+    """The model's parameters as zeros (their shapes, for counting a stage's numbers)."""
+    return {name: np.zeros(shape) for name, shape in inputs.gpt_shapes(model)}
 
 
 def _messages(where, log, prev, nxt, n):
@@ -93,8 +109,8 @@ def _messages(where, log, prev, nxt, n):
                               "gradient of the input to the previous stage (one micro-batch)")
 
 
-def _collectives(where, log, groups, nblocks, p, pp, n_params):
-    V, d, _, _, _, S = inputs.GPT_SIZES
+def _collectives(where, log, groups, nblocks, p, pp, n_params, model):
+    V, d, _, _, _, S = model
     b = inputs.GPT_BATCH // len(groups["dp"])
     by = {dim: [] for dim in groups}
     for name, numel, ranks in (e for e in log if e[0] not in SENDS + RECVS):
@@ -146,28 +162,31 @@ def _check_launch(launch, size, res):
             dp, pp, tp = got["shape"]
             ref = refs.mesh(rank, dp, pp, tp)
             sizes, coords, groups = ref["sizes"], ref["coords"], ref["ranks"]
-            p, nblocks = coords["pp"], len(refs.stage_layers(inputs.GPT_SIZES[4], pp,
-                                                              coords["pp"]))
+            p = coords["pp"]
             for run in got["runs"]:
+                model = _model(run)
+                nblocks = len(refs.stage_layers(model[4], pp, p))
                 where = (f"with {launch}, mesh {dp}x{pp}x{tp}, rank {rank} (stage {p}, "
                          f"tp rank {coords['tp']}, replica {coords['dp']}): composed_step "
-                         f"in {run['dtype']}" + (" (the second step)" if run["step"] else ""))
+                         f"in {run['dtype']}" + (" (the second step)" if run["step"] else "")
+                         + (" (the wide model)" if run["wide"] else ""))
                 below = sorted({e[0] for e in run["log"] if "." in e[0]})
                 if below:
                     raise CheckFailure(f"{VIOLATION}: rank {rank} reached {', '.join(below)} "
                                        "below torch.distributed's functions, where the check "
                                        "records communication")
                 _check_values(where, run, coords, sizes, salt0)
-                n = inputs.GPT_BATCH // dp * inputs.GPT_SIZES[5] * inputs.GPT_SIZES[1]
+                n = inputs.GPT_BATCH // dp * model[5] * model[1]
                 _messages(where, run["log"], ref["prev"], ref["next"], n)
-                n_params = sum(int(np.size(g)) for g in run["grads"].values())
-                _collectives(where, run["log"], groups, nblocks, p, pp, n_params)
+                n_params = sum(int(np.size(g)) for g in refs.stage_grads(
+                    _zeros(model), p, pp, coords["tp"], tp, model).values())
+                _collectives(where, run["log"], groups, nblocks, p, pp, n_params, model)
 
 
 @check
 def check_composed_step(path):
     """Your composed step of a small GPT with 8 gloo ranks (meshes 2x2x2, 1x2x4, 2x4x1,
-    4x1x2) and 3 (1x3x1, 1x1x3, 3x1x1), float64 (two steps) and float32: the loss and every
+    4x1x2) and 3 (1x1x3, 1x3x1, 3x1x1), float64 (two steps) and float32: the loss and every
     parameter's gradient on every rank against the whole batch in one process; the pipeline's
     messages to its neighbours only; collectives over the mesh's groups, as many as the step
     needs."""
@@ -177,11 +196,15 @@ def check_composed_step(path):
     todo = [n for n in unimplemented(path) if n in PIECES]
     if todo:
         unfinished(todo, path, PIECES, "8 and 3", [])
+    observed = observing()
     for launch, size, shapes in inputs.STEP_LAUNCHES:
-        res = run_ranks(path, probes_step.probe_step, size, "gloo", {"shapes": shapes},
-                        HANG_AFTER, what=f"11_composed.py's composed step with {launch}",
-                        case="step-values")
+        links = {}
+        res = run_ranks(path, probes_step.probe_step, size, "gloo",
+                        {"shapes": shapes, "wire": observed}, HANG_AFTER,
+                        what=f"11_composed.py's composed step with {launch}",
+                        case="step-values", links=links)
         found = [m["todo"] for out in res for m in out["meshes"] if "todo" in m]
         if found:
             unfinished(found, path, PIECES, "8 and 3", [])
         _check_launch(launch, size, res)
+        check_step_wire(links, size, shapes, launch)

@@ -176,16 +176,21 @@ class NormMLPRef(torch.nn.Module):
 # (vocab, d_model, n_heads, d_hidden, n_layers, seq_len): every size divisible by 1, 2, 3, 4
 GPT_SIZES = (24, 24, 12, 48, 4, 5)
 GPT_BATCH = 12
+# Where links are observed (grading), one float64 step more on each launch's first mesh with a
+# wide model (1.2 M parameters): its gradients' all-reduces and activations stand far above the
+# set-up, so that a step without them, or traffic beside them, shows on the wire; the ranks
+# report digests of its gradients (:func:`.probes.digest`)
+GPT_WIRE_SIZES = (96, 192, 12, 384, 4, 16)
 # (launch name, world size, the (dp, pp, tp) meshes the probe builds, in order; the first of
 # each launch runs in float32 too)
 STEP_LAUNCHES = (("8 ranks", 8, ((2, 2, 2), (1, 2, 4), (2, 4, 1), (4, 1, 2))),
-                 ("3 ranks", 3, ((1, 3, 1), (1, 1, 3), (3, 1, 1))))
+                 ("3 ranks", 3, ((1, 1, 3), (1, 3, 1), (3, 1, 1))))
 
 
-def gpt_shapes():
-    """``[(name, shape)]`` of the notebook's ``GPT`` with :data:`GPT_SIZES`, in the order of its
-    ``state_dict``."""
-    V, d, _, h, L, S = GPT_SIZES
+def gpt_shapes(sizes=GPT_SIZES):
+    """``[(name, shape)]`` of the notebook's ``GPT`` of ``sizes`` (:data:`GPT_SIZES`), in the
+    order of its ``state_dict``."""
+    V, d, _, h, L, S = sizes
     block = (("ln1.weight", (d,)), ("ln1.bias", (d,)), ("ln2.weight", (d,)), ("ln2.bias", (d,)),
              ("qkv.weight", (3 * d, d)), ("qkv.bias", (3 * d,)), ("proj.weight", (d, d)),
              ("proj.bias", (d,)), ("fc1.weight", (h, d)), ("fc1.bias", (h,)),
@@ -195,12 +200,12 @@ def gpt_shapes():
             + [("norm.weight", (d,)), ("norm.bias", (d,)), ("head.weight", (V, d))])
 
 
-def gpt_state(salt0, dtype):
+def gpt_state(salt0, dtype, sizes=GPT_SIZES):
     """The GPT's weights, from rank 0's number: matrices scaled by ``1/sqrt(fan_in)``, norms'
     weights near 1, biases and embeddings away from their defaults."""
-    gen = salted_generator(7700, salt0)
+    gen = salted_generator(7700 + (sizes != GPT_SIZES), salt0)
     state = {}
-    for name, shape in gpt_shapes():
+    for name, shape in gpt_shapes(sizes):
         w = torch.randn(shape, generator=gen, dtype=torch.float64)
         if len(shape) == 2:                 # a matrix or an embedding table
             w = w if name.startswith(("tok", "pos")) else w / shape[-1] ** 0.5
@@ -210,10 +215,10 @@ def gpt_state(salt0, dtype):
     return state
 
 
-def gpt_batch(salt0, step):
+def gpt_batch(salt0, step, sizes=GPT_SIZES):
     """``(tokens, targets)`` ``(GPT_BATCH, seq_len)`` int64 of step ``step``, from rank 0's
     number."""
-    gen = salted_generator(7750 + step, salt0)
-    V, S = GPT_SIZES[0], GPT_SIZES[5]
+    gen = salted_generator(7750 + step + 10 * (sizes != GPT_SIZES), salt0)
+    V, S = sizes[0], sizes[5]
     return (torch.randint(0, V, (GPT_BATCH, S), generator=gen),
             torch.randint(0, V, (GPT_BATCH, S), generator=gen))

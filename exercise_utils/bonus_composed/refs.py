@@ -158,14 +158,14 @@ def _norm(x, state, name):
     return F.layer_norm(x, x.shape[-1:], state[f"{name}.weight"], state[f"{name}.bias"])
 
 
-def gpt(salt0, dtype, step):
+def gpt(salt0, dtype, step, sizes=inputs.GPT_SIZES):
     """The judge's GPT on the whole batch in one process (written from the notebook's
     definition, not from its code), in float64 on the weights of ``dtype``: ``(loss,
     {parameter name: gradient})``."""
     state = {k: v.double().requires_grad_(True)
-             for k, v in inputs.gpt_state(salt0, dtype).items()}
-    tokens, targets = inputs.gpt_batch(salt0, step)
-    _, d, H, _, L, S = inputs.GPT_SIZES
+             for k, v in inputs.gpt_state(salt0, dtype, sizes).items()}
+    tokens, targets = inputs.gpt_batch(salt0, step, sizes)
+    _, d, H, _, L, S = sizes
     B, hd = tokens.shape[0], d // H
     x = state["tok.weight"][tokens] + state["pos.weight"][:S]
     visible = torch.ones(S, S, dtype=torch.bool).tril()
@@ -192,11 +192,11 @@ def stage_layers(n_layers, pp, p):
     return list(range(int(bounds[p]), int(bounds[p + 1])))
 
 
-def stage_grads(grads, p, pp, r, t):
+def stage_grads(grads, p, pp, r, t, sizes=inputs.GPT_SIZES):
     """``{name in the stage: its expected gradient}`` of group rank ``r`` of ``t`` on stage
-    ``p`` of ``pp``, cut from the whole model's ``grads`` as the notebook's ``from_model`` and
-    ``from_block`` cut the weights."""
-    V, d, H, h, L, _ = inputs.GPT_SIZES
+    ``p`` of ``pp``, cut from the whole model's ``grads`` (of ``sizes``) as the notebook's
+    ``from_model`` and ``from_block`` cut the weights."""
+    V, d, H, h, L, _ = sizes
     heads = slice(r * d // t, (r + 1) * d // t)      # the rank's heads' features (H / t heads)
     rows, vocab = slice(r * h // t, (r + 1) * h // t), slice(r * V // t, (r + 1) * V // t)
     out = {}

@@ -174,5 +174,5 @@ CONTRACT["composed_step"] = [
     Clause("state", "its parameters' ``.grad`` are None when called.", cases=("step-values",)),
     Clause("neighbours", "Messages only to and from the pipeline neighbours (``mesh.prev``, "
            "``mesh.next``); every collective over one of the mesh's groups.",
-           cases=("step-messages", "step-collectives")),
+           cases=("step-messages", "step-collectives", "step-wire")),
 ]

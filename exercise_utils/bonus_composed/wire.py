@@ -1,5 +1,5 @@
-"""What notebook 11's vocabulary-split and ring-attention launches may put on the wire (the
-judge's: no probe imports this module, so at grading no rank can read it).
+"""What notebook 11's vocabulary-split, ring-attention and composed-step launches may put on the
+wire (the judge's: no probe imports this module, so at grading no rank can read it).
 
 Where links are observed (grading; :func:`exercise_utils.harness.observing`) every launch of
 ``check_vocab_parallel`` and ``check_ring_attention`` runs each rank as a host of a mesh and the
@@ -18,9 +18,14 @@ block of keys sent to a rank that is not a ring neighbour) stands far above the 
   forward's ``c - 1`` blocks of keys and values (sent at most whole: a block's ``k`` and ``v``)
   and every backward's ``c`` blocks with their gradients (the last hop's keys and values may be
   left out: least), each number at most 8 bytes (a file may accumulate the gradients in
-  float64); links between ranks that are not ring neighbours carry the set-up only.
+  float64); links between ranks that are not ring neighbours carry the set-up only;
+* :func:`step_envelope`, all links together: per step of ``check_composed_step`` the
+  tensor-parallel groups' all-reduces, the pipeline's messages, the data-parallel groups'
+  all-reduces of the gradients (at most one per parameter) and of the loss, the loss over the
+  pipeline groups; the groups each ``Mesh`` makes; a wide model's step on the first mesh
+  (:data:`.inputs.GPT_WIRE_SIZES`) makes the gradients' all-reduces the bulk of the bytes.
 
-Used in 11_bonus_composed (by :mod:`.checks` and :mod:`.checks_ring`).
+Used in 11_bonus_composed (by :mod:`.checks`, :mod:`.checks_ring` and :mod:`.checks_step`).
 """
 from .. import wire
 from ..contract import fail
@@ -118,3 +123,80 @@ def check_ring_wire(links, size, rings, cases, launch):
              f"included). Your ranks sent {why}; the bytes come from the kernel's counters of "
              f"each link, read outside the ranks. A rank sends only to the next rank of its "
              f"ring.")
+
+
+# ------------------------------------------------------------------ the composed step
+GROUP_SETUP = 16_000     # bytes on all links per process group a Mesh makes (the store's keys)
+# headers beyond the core's OVERHEAD: the gradients' all-reduces are tensors of 0.1 to 300 kB,
+# whose TCP segments and acknowledgements weigh more than those of the core's 768 kB
+# (measured: the solution and the right files put 1.07-1.19 times the data on the links)
+STEP_HEADERS = 0.10
+
+
+def _stage_params(sizes, p, pp, tp):
+    """The sizes (numbers) of the parameters of stage ``p`` of ``pp`` on one of ``tp`` ranks."""
+    V, d, _, h, L, S = sizes
+    nb = L // pp + (1 if p < L % pp else 0)
+    block = [d, d, 3 * d // tp * d, 3 * d // tp, d * (d // tp), d, d, d, h // tp * d, h // tp,
+             d * (h // tp), d]
+    return (([V // tp * d, S * d] if p == 0 else []) + block * nb
+            + ([d, d, V // tp * d] if p == pp - 1 else []))
+
+
+def step_calls(shape, sizes, item):
+    """``{group size: (least calls, most calls)}``: the collectives and messages of one
+    composed step on a ``(dp, pp, tp)`` mesh of a model of ``sizes``, numbers of ``item``
+    bytes, every group's together (least: each call's data as the notebook names it; most: one
+    all-reduce per parameter, the loss all-reduced over every data-parallel and pipeline
+    group)."""
+    dp, pp, tp = shape
+    V, d, _, _, L, S = sizes
+    b = inputs.GPT_BATCH // dp
+    act, rows = b * S * d * item, b * S * item
+    out = {}
+
+    def add(n, least, most):
+        lo, hi = out.setdefault(n, ([], []))
+        lo += least
+        hi += most
+    sends = [("send", act)] * (2 * (pp - 1) * dp * tp)   # (a message: B on one link, any n)
+    add(2, sends, sends)
+    for p in range(pp):
+        nb = L // pp + (1 if p < L % pp else 0)
+        tp_calls = ([("all_reduce", act)] * (4 * nb + (p == 0) + (p == pp - 1))
+                    + [("all_reduce", rows)] * (3 * (p == pp - 1)))
+        add(tp, tp_calls * dp, tp_calls * dp)
+        grads = _stage_params(sizes, p, pp, tp)
+        add(dp, [("all_reduce", sum(grads) * item)] * tp,
+            ([("all_reduce", n * item) for n in grads] + [("all_reduce", 8)]) * tp)
+    add(pp, [("broadcast", 8)] * (dp * tp), [("all_reduce", 8)] * (dp * tp))
+    return out
+
+
+def step_envelope(size, shapes, wide):
+    """``(least, most)`` bytes all links of a launch of ``check_composed_step`` carry: its
+    meshes' groups made, on the first mesh two float64 steps, one float32 and (``wide``) the wide
+    one, on the others two float64 steps; the probe's own broadcast and the set-up."""
+    least, most = wire.envelope([("broadcast", 8)], size)
+    for index, shape in enumerate(shapes):
+        runs = [(inputs.GPT_SIZES, 8)] * 2 + ([(inputs.GPT_SIZES, 4)] if index == 0 else [])
+        runs += [(inputs.GPT_WIRE_SIZES, 8)] if index == 0 and wide else []
+        dp, pp, tp = shape
+        most += GROUP_SETUP * (pp * tp + dp * tp + dp * pp)
+        for sizes, item in runs:
+            for n, (lo, hi) in step_calls(shape, sizes, item).items():
+                if n > 1:
+                    least += wire.envelope(lo, n, setup=0)[0]
+                    most += wire.envelope(hi, n, setup=0)[1] + STEP_HEADERS * sum(
+                        wire.volume(kind, nbytes, n)[1] for kind, nbytes in hi)
+    return int(least), int(most)
+
+
+def check_step_wire(links, size, shapes, launch):
+    """Fail ``step-wire`` when the bytes the network counted (``links``, read outside the ranks;
+    empty where not observed) lie outside :func:`step_envelope`."""
+    wire.check(links, step_envelope(size, shapes, True), "step-wire",
+               f"check_composed_step with {launch}",
+               "each step's all-reduces over the tensor-parallel groups, the activations and "
+               "their gradients between neighbouring stages, the gradients' all-reduces over "
+               "the data-parallel groups and the loss, nothing else")
