@@ -13,9 +13,10 @@ Owns: :func:`rate_bits` (a rate's bits per second), :func:`shape` (the token buc
 :func:`sent_bytes` (an interface's counter), and the two ends of a measured transfer
 (``python -m exercise_utils.links serve PORT | send ADDRESS PORT MBYTES``). Called by
 :mod:`.cluster` (:meth:`.cluster.Cluster.shape`, ``link_bytes``, ``measure``) and by 03's
-network benchmark (:func:`rate_bits`). Used in 03, 05, 06, 08 and 10.
+network benchmark (:func:`rate_bits`). Used in 03, 05, 06, 08, 10 and 11.
 """
 import json
+import os
 import re
 import socket
 import subprocess
@@ -67,6 +68,19 @@ def sent_bytes(netns):
     on the wire: TCP/IP headers, the connections' set-up and acknowledgements included)."""
     found = json.loads(ip("-n", netns, "-s", "-j", "link", "show").stdout)
     return {link["ifname"]: int(link["stats64"]["tx"]["bytes"]) for link in found}
+
+
+def host_tx_bytes():
+    """Bytes the host this process runs on (its network namespace) has sent so far on all its
+    interfaces but ``lo`` (the kernel's counters: every byte on the wire). Used by the
+    network sweeps' ranks of 10_bonus_model_parallel and 11_bonus_composed."""
+    root = "/sys/class/net"
+    total = 0
+    for dev in os.listdir(root):
+        if dev != "lo":
+            with open(f"{root}/{dev}/statistics/tx_bytes") as f:
+                total += int(f.read())
+    return total
 
 
 def serve(port):

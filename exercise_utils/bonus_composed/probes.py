@@ -284,7 +284,7 @@ def tp_group(ctx, groups):
     torch.set_num_threads(1)
     salt = torch.tensor([getattr(ctx, "salt", 0) if ctx.rank == 0 else 0], dtype=torch.int64)
     dist.broadcast(salt, src=0)
-    salt0, own = int(salt.item()), getattr(ctx, "salt", 0)
+    salt0 = int(salt.item())
     if groups is None:
         group, gi, members = dist.group.WORLD, 0, list(range(ctx.size))
     else:

@@ -10,7 +10,6 @@ collective recorded in each phase (:class:`~exercise_utils.recorder.Recorder`).
 Returned as plain data. Used in 11_bonus_composed.
 """
 import torch
-import torch.distributed as dist
 
 from ..rankworker import not_implemented
 from ..recorder import Recorder

@@ -31,13 +31,13 @@ the two ranks' differences are summed: both directions of the link (the barriers
 bytes included). Time: each rank's ``perf_counter`` around the step alone, the slowest rank's.
 Rank 0 writes ``{"config", "rows"}``. Used in 10_bonus_model_parallel (through :mod:`.network`).
 """
-import os
 import statistics
 import sys
 import time
 
 from ..bench import rank_rows, script_parser
 from ..forking import exit_flushed
+from ..links import host_tx_bytes
 
 MODES = ("data", "tensor", "pipeline")
 LR = 0.01                   # plain SGD
@@ -54,17 +54,6 @@ def parse_args(argv=None):
                           "tokens": network.TOKENS, "microbatches": network.MICROBATCHES,
                           "warmup": network.WARMUP, "steps": network.STEPS,
                           "threads": 1}).parse_args(argv)
-
-
-def tx_bytes():
-    """Bytes this host has sent so far on all its interfaces but ``lo`` (kernel counters)."""
-    root = "/sys/class/net"
-    total = 0
-    for dev in os.listdir(root):
-        if dev != "lo":
-            with open(f"{root}/{dev}/statistics/tx_bytes") as f:
-                total += int(f.read())
-    return total
 
 
 def make_steps(student, args, rank, world):
@@ -158,14 +147,14 @@ def measure(steps, args):
     for r in range(args.warmup + args.steps):
         for name in names[r % len(names):] + names[:r % len(names)]:   # order rotated
             dist.barrier()
-            before = tx_bytes()
+            before = host_tx_bytes()
             start = time.perf_counter()
             losses[name].append(steps[name]())
             took = time.perf_counter() - start
             dist.barrier()
             if r >= args.warmup:
                 seconds[name].append(took)
-                sent[name] += tx_bytes() - before
+                sent[name] += host_tx_bytes() - before
     return seconds, sent, losses
 
 
