@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exercise_utils import cluster
-from exercise_utils.bonus_composed import bench, checks, inputs, network, probes_ring, refs
+from exercise_utils.bonus_composed import (bench, bench_sp, checks, inputs, network, probes_ring,
+                                           refs)
 from exercise_utils.notebook_files import extract_writefiles
 from grading import (assert_launched_cells_open_with_their_box,
                      assert_release_regions_in_function_bodies, autograde_solution_and_blank)
@@ -324,12 +325,30 @@ def test_autograde_solution_and_blank(tmp_path):
     assert "init_device_mesh's" in graded and "(the same)" in graded
     results = tmp_path / "course" / "autograded" / "solution" / STEM / "results"
     assert_benchmark_rows(json.loads((results / "11_composed_bench.json").read_text()))
+    assert_sp_rows(json.loads((results / "11_composed_sp.json").read_text()))
     # the composed step's two placements on two hosts (root only; CI is root)
     if cluster.unavailable_reason():
         assert "skipped: " in graded, "without root the network cell must say why"
         return
     assert_network_rows(json.loads((results / "11_composed_network.json").read_text()))
     assert "tp-across / tp-inside" in graded
+
+
+def assert_sp_rows(rows):
+    """Both variants on every t; the issue's goals: what sequence parallelism keeps in the
+    norm's region at most 1/t of tensor parallelism's (+10 %), the whole block less than
+    tensor parallelism's, the ring bytes equal within 5 %; the calls are the part's."""
+    assert sorted((r["world_size"], r["variant"]) for r in rows) == sorted(
+        (t, v) for t in bench_sp.WORLD_SIZES for v in bench_sp.VARIANTS)
+    for s in bench_sp.summary(rows):
+        t = s["world_size"]
+        assert s["norm_ratio"] <= 1 / t * 1.1 and s["kept_ratio"] < 1, s
+        assert abs(s["bytes_ratio"] - 1) <= 0.05, s
+    for r in rows:
+        kinds = sorted(k for k, _ in r["calls_fwd"])
+        assert kinds == (["all_reduce"] if r["variant"] == "tp" else
+                         ["all_gather_into_tensor", "reduce_scatter_tensor"]), r
+    assert "sp / tp bytes" in bench_sp.table(rows)
 
 
 def assert_network_rows(rows):

@@ -24,6 +24,8 @@ Modules:
 * ``requirements``: the contract, clause by clause, with the check cases that hold each;
 * ``bench``: your ring attention on 1, 2 and 4 ranks, the balanced split against the
   contiguous one: memory kept for the backward and work per rank;
+* ``bench_sp``: your sequence-parallel block against tensor parallelism only on 2 and 4
+  ranks: what the forward keeps (in the norm's region and elsewhere) and the ring bytes;
 * ``network``, ``network_ranks``: your composed step on two hosts of four ranks, tensor
   parallelism inside a host or across the link, at 100 Mbit/s and 1 Gbit/s (the bytes that
   cross, the step time);
