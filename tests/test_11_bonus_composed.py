@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exercise_utils import cluster
-from exercise_utils.bonus_composed import (bench, bench_sp, checks, inputs, network, probes_ring,
-                                           refs)
+from exercise_utils.bonus_composed import (bench, bench_sp, bench_torch, checks, inputs, network,
+                                           probes_ring, refs)
 from exercise_utils.notebook_files import extract_writefiles
 from grading import (assert_launched_cells_open_with_their_box,
                      assert_release_regions_in_function_bodies, autograde_solution_and_blank)
@@ -326,12 +326,23 @@ def test_autograde_solution_and_blank(tmp_path):
     results = tmp_path / "course" / "autograded" / "solution" / STEM / "results"
     assert_benchmark_rows(json.loads((results / "11_composed_bench.json").read_text()))
     assert_sp_rows(json.loads((results / "11_composed_sp.json").read_text()))
+    assert_torch_rows(json.loads((results / "11_composed_torch.json").read_text()))
     # the composed step's two placements on two hosts (root only; CI is root)
     if cluster.unavailable_reason():
         assert "skipped: " in graded, "without root the network cell must say why"
         return
     assert_network_rows(json.loads((results / "11_composed_network.json").read_text()))
     assert "tp-across / tp-inside" in graded
+
+
+def assert_torch_rows(rows):
+    """One row on 8 ranks: your step and torch's composition computed the same gradients (every
+    block, float32); both timed. No timing assertion."""
+    assert len(rows) == 1 and rows[0]["world_size"] == 8, rows
+    r = rows[0]
+    assert r["grad_diff"] < 1e-5 and r["mine_ms"] > 0 < r["torch_ms"], r
+    assert math.isfinite(r["loss_mine"]) and math.isfinite(r["loss_torch_replica0"]), r
+    assert "yours / torch's" in bench_torch.table(rows)
 
 
 def assert_sp_rows(rows):

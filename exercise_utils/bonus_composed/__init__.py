@@ -26,6 +26,8 @@ Modules:
   contiguous one: memory kept for the backward and work per rank;
 * ``bench_sp``: your sequence-parallel block against tensor parallelism only on 2 and 4
   ranks: what the forward keeps (in the norm's region and elsewhere) and the ring bytes;
+* ``bench_torch``: your composed step beside torch's composition (``parallelize_module``
+  inside ``torch.distributed.pipelining`` stages on a ``DeviceMesh``): step times, gradients;
 * ``network``, ``network_ranks``: your composed step on two hosts of four ranks, tensor
   parallelism inside a host or across the link, at 100 Mbit/s and 1 Gbit/s (the bytes that
   cross, the step time);
