@@ -57,6 +57,21 @@ def unfinished(found, path, pieces, sizes, passed):
         f"{', '.join(passed)}." if passed else ""))
 
 
+def close_to_scale(case, where, got, want, tol, scale, hint=""):
+    """Fail ``case`` unless ``got`` has ``want``'s shape and lies within ``tol * scale`` of it
+    (``scale`` given: one for all the arrays of a block); None: no gradient reached it. Used by
+    :mod:`.checks_sp` and :mod:`.checks_step`."""
+    if got is None:
+        fail(case, f"{where} is None (no gradient reached it){hint}")
+    got = np.asarray(got, dtype=np.float64)
+    if got.shape != np.shape(want):
+        fail(case, f"{where} has shape {got.shape}, expected {np.shape(want)}{hint}")
+    diff = max_diff(got, want)
+    if not np.isfinite(diff) or diff > tol * scale:
+        fail(case, f"{where} differs from one process by {diff:.2e} (tolerance {tol:g} x "
+                   f"{scale:.2e}){hint}")
+
+
 def max_diff(a, e):
     """The largest absolute difference of two arrays (0 for empty ones)."""
     a, e = np.asarray(a, dtype=np.float64), np.asarray(e, dtype=np.float64)
@@ -190,15 +205,7 @@ def close(case, where, got, want, tol, hint=""):
     """Fail ``case`` unless ``got`` has ``want``'s shape and lies within ``tol`` times its
     largest magnitude (at least 1) of it; None: no gradient reached it."""
     scale = max(1.0, float(np.max(np.abs(want)))) if np.size(want) else 1.0
-    if got is None:
-        fail(case, f"{where} is None (no gradient reached it){hint}")
-    got = np.asarray(got, dtype=np.float64)
-    if got.shape != np.shape(want):
-        fail(case, f"{where} has shape {got.shape}, expected {np.shape(want)}{hint}")
-    diff = max_diff(got, want)
-    if not np.isfinite(diff) or diff > tol * scale:
-        fail(case, f"{where} differs from one process by {diff:.2e} (tolerance {tol:g} x "
-                   f"{scale:.2e}){hint}")
+    close_to_scale(case, where, got, want, tol, scale, hint)
 
 
 def _check_group(size, res, salts, launch):

@@ -28,7 +28,7 @@ from ..harness import HANG_AFTER, check, run_ranks
 from ..notebook_files import no_file, unimplemented
 from ..recorder import verify_no_hidden
 from . import inputs, probes_sp, refs
-from .checks import unfinished
+from .checks import close_to_scale as _close, unfinished
 
 __all__ = ["check_sequence_parallel"]
 
@@ -48,18 +48,6 @@ def _shard(full, how, r, t):
         return full
     k = full.shape[0 if how == "rows" else 1] // t
     return full[r * k:(r + 1) * k] if how == "rows" else full[:, r * k:(r + 1) * k]
-
-
-def _close(case, where, got, want, tol, scale, hint=""):
-    if got is None:
-        fail(case, f"{where} is None (no gradient reached it){hint}")
-    got = np.asarray(got, dtype=np.float64)
-    if got.shape != want.shape:
-        fail(case, f"{where} has shape {got.shape}, expected {want.shape}{hint}")
-    diff = float(np.max(np.abs(got - want))) if want.size else 0.0
-    if not np.isfinite(diff) or diff > tol * scale:
-        fail(case, f"{where} differs from one process by {diff:.2e} (tolerance {tol:g} x "
-                   f"{scale:.2e}){hint}")
 
 
 def _kinds(events):

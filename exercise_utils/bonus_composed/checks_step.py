@@ -34,7 +34,7 @@ from ..harness import HANG_AFTER, check, observing, run_ranks
 from ..integrity import VIOLATION
 from ..notebook_files import no_file, unimplemented
 from . import inputs, probes_step, refs
-from .checks import max_diff, unfinished
+from .checks import close_to_scale, unfinished
 from .wire import check_step_wire
 
 __all__ = ["check_composed_step"]
@@ -46,18 +46,6 @@ PIECES = ("Mesh.__init__", "ReduceFromGroup.forward", "ReduceFromGroup.backward"
           "CopyToGroup.forward", "CopyToGroup.backward", "TensorParallelBlock.forward",
           "GPTStage.forward", "composed_step")
 SENDS, RECVS = ("send", "isend"), ("recv", "irecv")
-
-
-def _close(where, got, want, tol, scale):
-    if got is None:
-        fail("step-values", f"{where} is None (no gradient reached it)")
-    got = np.asarray(got, dtype=np.float64)
-    if got.shape != want.shape:
-        fail("step-values", f"{where} has shape {got.shape}, expected {want.shape}")
-    diff = max_diff(got, want)
-    if not np.isfinite(diff) or diff > tol * scale:
-        fail("step-values", f"{where} differs from one process by {diff:.2e} (tolerance "
-                            f"{tol:g} x {scale:.2e})")
 
 
 def _model(run):
@@ -87,7 +75,8 @@ def _check_values(where, run, coords, sizes, salt0):
                          .values()))
     for name, value in reversed(want.items()):      # in the backward's order: the first
         #                                               gradient that differs is nearest the fault
-        _close(f"{where}: the gradient of {name}", run["grads"][name], value, tol, scale)
+        close_to_scale("step-values", f"{where}: the gradient of {name}", run["grads"][name],
+                       value, tol, scale)
 
 
 def _zeros(model):

@@ -21,6 +21,7 @@ the activation forward and its gradient back. The link carries ``dp`` (tp-inside
 link at its rate, each direction carrying half. Used in 11_bonus_composed (:func:`sweep`,
 :func:`table`).
 """
+import json
 from pathlib import Path
 
 from ..bench import OtherLoad, load_note, record_load, save_json
@@ -82,7 +83,6 @@ def sweep(work="work/11_composed.py", rates=RATES, out=OUT, timeout=TIMEOUT):
                              [*map(str, args), "--placement", placement, "--out", str(path)],
                              module=True, timeout=timeout, echo=False, threads_per_process=1,
                              what=f"the composed step {placement} at {rate}")
-                import json
                 got = json.loads(path.read_text())["rows"]
                 path.unlink()
                 for r in got:
