@@ -27,7 +27,9 @@ class _Replay:
 
     def __init__(self, size):
         self.size, self.slots, self.local = size, [None] * size, threading.local()
-        self.barrier, self.total, self.calls = threading.Barrier(size), None, []
+        # a timeout: a replay thread that raised breaks the barrier for the others (they
+        # raise too) instead of leaving them, and the rank joining them, waiting forever
+        self.barrier, self.total, self.calls = threading.Barrier(size, timeout=30), None, []
 
     def get_world_size(self, group=None):
         return self.size
@@ -78,14 +80,22 @@ class PowerSGD:
                           gradient(setting, index[id(mine)], step, v).clone())
         self.replay.calls.clear()
 
+        errors = []
+
         def run(v):
             self.replay.local.rank = v
-            self.shadows[v].reduce()
+            try:
+                self.shadows[v].reduce()
+            except BaseException as err:         # re-raised below, in the rank's own thread
+                errors.append(err)
+                self.replay.barrier.abort()
         threads = [threading.Thread(target=run, args=(v,)) for v in range(size)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        if errors:
+            raise errors[0]
         for shape, dtype in self.replay.calls:           # the decoys: PowerSGD's calls
             dist.all_reduce(torch.zeros(shape, dtype=dtype))
         own = self.shadows[me]
