@@ -105,7 +105,7 @@ OBSERVED = ("01_shards_*.py", "01_broadcast_*.py", "01_allreduce_sgd_*.py",
             "03_sync_batchnorm_*.py", "06_*.py", "07_sharded_*.py", "07_checkpoint_*.py",
             "08_powersgd_*.py", "09_zero2_*.py", "09_zero3_*.py", "09_state_dict_*.py",
             "10_tensor_parallel_*.py", "10_pipeline_*.py", "11_vocab_parallel_*.py",
-            "11_ring_attention_*.py", "11_composed_step_*.py")
+            "11_ring_attention_*.py", "11_sequence_parallel_*.py", "11_composed_step_*.py")
 # what each call of the core's wire model (exercise_utils.wire.VOLUME) is measured as: gloo's
 # collectives, and MPICH's over TCP (mpi4py's names) under the same name
 MEASURED = {"none": ["all_reduce", "broadcast", "reduce", "reduce_scatter", "all_gather",

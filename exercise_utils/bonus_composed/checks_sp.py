@@ -11,7 +11,10 @@ the whole sequence in one process:
   and bias and of fc2's bias on every rank;
 * ``sp-collectives``: in the forward one all-gather and one reduce-scatter, in the backward one
   of each, no all-reduce and nothing else; in ``sequence_parallel_grads`` only all-reduces,
-  together of the replicated parameters' numbers.
+  together of the replicated parameters' numbers;
+* ``sp-wire``: where links are observed (grading), with a wide block more (weights far heavier
+  than the activations: :data:`.inputs.SP_SIZES`), all links together carry what those
+  collectives put there (:mod:`.wire`), whatever the ranks do to the recorder in their memory.
 
 Tolerance: ``1e-10`` (float64) or ``1e-5`` (float32) times the largest reference magnitude of
 the output, or of all the block's gradients.
@@ -24,11 +27,12 @@ import numpy as np
 import torch
 
 from ..contract import CheckFailure, fail
-from ..harness import HANG_AFTER, check, run_ranks
+from ..harness import HANG_AFTER, check, observing, run_ranks
 from ..notebook_files import no_file, unimplemented
 from ..recorder import verify_no_hidden
 from . import inputs, probes_sp, refs
 from .checks import close_to_scale as _close, unfinished
+from .wire import check_sp_wire
 
 __all__ = ["check_sequence_parallel"]
 
@@ -54,7 +58,7 @@ def _kinds(events):
     return [e[1] for e in events if e[0] == "coll"]
 
 
-def _check_collectives(where, got):
+def _check_collectives(where, got, d):
     for phase in ("forward", "backward"):
         kinds = _kinds(got[phase])
         gathers = [k for k in kinds if k in GATHER]
@@ -67,7 +71,7 @@ def _check_collectives(where, got):
                                    "nothing else")
     kinds = _kinds(got["reduce"])
     numel = sum(e[2] for e in got["reduce"] if e[0] == "coll")
-    want = 3 * inputs.SP_D
+    want = 3 * d
     if set(kinds) != {"all_reduce"} or numel != want:
         fail("sp-collectives", f"{where}: sequence_parallel_grads issued {kinds or 'nothing'} "
                                f"of {numel} numbers; expected all-reduces of the replicated "
@@ -78,14 +82,16 @@ def _check_launch(launch, res, salts):
     for rank, out in enumerate(res):
         members, gi = out["members"], out["group"]
         t, gr = len(members), members.index(rank)
-        for dtype, got in out["parts"].items():
+        for name, got in out["parts"].items():
             if "todo" in got:
                 continue
+            dtype, size = inputs.SP_PARTS[name]
+            wide = " (the wide block)" if size == "wire" else ""
             where = (f"with {launch}, rank {rank} (group rank {gr} of {t}), "
-                     f"SequenceParallelNormMLP in {dtype}")
+                     f"SequenceParallelNormMLP in {dtype}{wide}")
             ref = refs.sp([salts[r] for r in members], out["salt0"], gi, t,
-                          getattr(torch, dtype))
-            k = inputs.SP_S // t
+                          getattr(torch, dtype), size)
+            k = inputs.SP_SIZES[size][0] // t
             tol = TOL[dtype]
             scale = max(1.0, float(np.max(np.abs(ref["y"]))))
             if got["dtype"] != f"torch.{dtype}":
@@ -109,7 +115,7 @@ def _check_launch(launch, res, salts):
                        f"gradient of {name}", got["grads"][name], ref["grads"][name], tol,
                        gscale, " (each rank's backward saw its rows only: the whole "
                                "sequence's gradient is the sum over the group)")
-            _check_collectives(where, got)
+            _check_collectives(where, got, inputs.SP_SIZES[size][2])
 
 
 @check
@@ -117,16 +123,20 @@ def check_sequence_parallel(path):
     """Your GatherFromSequence, ReduceScatterToSequence, SequenceParallelNormMLP and
     sequence_parallel_grads on two tensor-parallel groups of 2 ranks and on a world of 3,
     float64 and float32, against the block on the whole sequence in one process; one
-    all-gather and one reduce-scatter each way, all-reduces only of the replicated gradients."""
+    all-gather and one reduce-scatter each way, all-reduces only of the replicated gradients.
+    Where links are observed (grading), with a wide block more, all links together must carry
+    what those collectives put there (``sp-wire``: right files measured 0.45 to 0.60 of the
+    most; the weights gathered beside them, 2.6 times the most)."""
     path = Path(path)
     if not path.is_file():
         raise CheckFailure(no_file(path))
-    found = []
+    found, observed = [], observing()
     for launch, size, groups in inputs.SP_LAUNCHES:
-        salts = {}
-        res = run_ranks(path, probes_sp.probe_sp, size, "gloo", {"groups": groups}, HANG_AFTER,
+        salts, links = {}, {}
+        res = run_ranks(path, probes_sp.probe_sp, size, "gloo",
+                        {"groups": groups, "wire": observed}, HANG_AFTER,
                         what=f"11_composed.py's sequence parallelism with {launch}",
-                        case="sp-values", salts=salts)
+                        case="sp-values", salts=salts, links=links)
         try:
             verify_no_hidden(res, f"with {launch}", "dist.all_gather_into_tensor, "
                                                     "dist.reduce_scatter_tensor, dist.all_reduce")
@@ -139,6 +149,8 @@ def check_sequence_parallel(path):
                                "torch.distributed's broadcast)")
         found = [got["todo"] for out in res for got in out["parts"].values() if "todo" in got]
         _check_launch(launch, res, salts)
+        if not found:
+            check_sp_wire(links, size, groups, launch)
     if found:
         passed = [p for p in PIECES if p not in found + unimplemented(path)]
         unfinished(found, path, PIECES, "4 and 3", passed)

@@ -130,16 +130,24 @@ def qkv(salts, positions, case_index, dtype, hd=HD):
 
 # ------------------------------------------------------------------ sequence parallelism
 SP_S, SP_B, SP_D, SP_H = 6, 2, 8, 12     # S and h divisible by 2 and 3 (the groups checked)
+# (S, B, d, h) of each size: "wire", held where links are observed (grading), has weights far
+# heavier than the activations, so that weights sent anywhere stand far above what sequence
+# parallelism sends (the activations and the replicated parameters' gradients)
+SP_SIZES = {"small": (SP_S, SP_B, SP_D, SP_H), "wire": (6, 2, 96, 384)}
+# the parts a probe runs: name -> (dtype, size); "wire" only where links are observed
+SP_PARTS = {"float64": ("float64", "small"), "float32": ("float32", "small"),
+            "wire": ("float64", "wire")}
 # (launch name, world size, the tensor-parallel groups the probe makes: None = the world)
 SP_LAUNCHES = (("two groups of 2", 4, ((0, 1), (2, 3))), ("the world of 3", 3, None))
 
 
-def sp_block(salt0, group_index, dtype):
+def sp_block(salt0, group_index, dtype, size="small"):
     """The single-process ``NormMLP``-shaped block of a group (the judge's own class,
-    :class:`NormMLPRef`), its weights from rank 0's number; the norm's weight and bias are not
-    the default ones."""
-    gen = salted_generator(7900 + group_index, salt0)
-    block = NormMLPRef(SP_D, SP_H)
+    :class:`NormMLPRef`) of ``SP_SIZES[size]``, its weights from rank 0's number; the norm's
+    weight and bias are not the default ones."""
+    _, _, d, h = SP_SIZES[size]
+    gen = salted_generator(7900 + group_index + (0 if size == "small" else 50), salt0)
+    block = NormMLPRef(d, h)
     with torch.no_grad():
         for p in block.parameters():
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.5
@@ -147,15 +155,17 @@ def sp_block(salt0, group_index, dtype):
     return block.to(dtype)
 
 
-def sp_rows(salts, group_index, t, dtype):
-    """``(x, upstream)`` of the whole sequence ``(S, B, d)``: the rows of group rank ``i`` from
-    ``salts[i]``."""
-    k = SP_S // t
-    x, up = torch.zeros(2, SP_S, SP_B, SP_D, dtype=torch.float64)
+def sp_rows(salts, group_index, t, dtype, size="small"):
+    """``(x, upstream)`` of the whole sequence ``(S, B, d)`` of ``SP_SIZES[size]``: the rows of
+    group rank ``i`` from ``salts[i]``."""
+    S, B, d, _ = SP_SIZES[size]
+    k = S // t
+    x, up = torch.zeros(2, S, B, d, dtype=torch.float64)
     for i in range(t):
-        gen = salted_generator(7950 + 10 * group_index + i, salts[i])
-        x[i * k:(i + 1) * k] = torch.randn(k, SP_B, SP_D, generator=gen, dtype=torch.float64)
-        up[i * k:(i + 1) * k] = torch.randn(k, SP_B, SP_D, generator=gen, dtype=torch.float64)
+        gen = salted_generator(7950 + 10 * group_index + i + (0 if size == "small" else 500),
+                               salts[i])
+        x[i * k:(i + 1) * k] = torch.randn(k, B, d, generator=gen, dtype=torch.float64)
+        up[i * k:(i + 1) * k] = torch.randn(k, B, d, generator=gen, dtype=torch.float64)
     return x.to(dtype), up.to(dtype)
 
 

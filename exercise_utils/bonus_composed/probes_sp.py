@@ -2,7 +2,8 @@
 (:mod:`.checks_sp`).
 
 On the tensor-parallel groups of the launch (:data:`.inputs.SP_LAUNCHES`), float64 and
-float32: the judge's block (:func:`.inputs.sp_block`, the same on every rank of a group) cut by
+float32 (and, where links are observed, a wide float64 block: :data:`.inputs.SP_PARTS`): the
+judge's block (:func:`.inputs.sp_block`, the same on every rank of a group) cut by
 the given ``from_block``; forward on this rank's rows of the sequence (from its own number),
 backward from its rows of the upstream gradient, then ``sequence_parallel_grads``; every
 collective recorded in each phase (:class:`~exercise_utils.recorder.Recorder`).
@@ -19,10 +20,10 @@ from .probes import arr, tp_group
 PARAMS = ("w1", "b1", "w2", "b2", "norm.weight", "norm.bias")
 
 
-def _run(student, rec, group, gi, t, gr, mine, salt0, dtype):
-    block = inputs.sp_block(salt0, gi, dtype)
-    x_full, up_full = inputs.sp_rows(mine, gi, t, dtype)
-    k = inputs.SP_S // t
+def _run(student, rec, group, gi, t, gr, mine, salt0, dtype, size):
+    block = inputs.sp_block(salt0, gi, dtype, size)
+    x_full, up_full = inputs.sp_rows(mine, gi, t, dtype, size)
+    k = inputs.SP_SIZES[size][0] // t
     x = x_full[gr * k:(gr + 1) * k].clone().requires_grad_(True)
     up = up_full[gr * k:(gr + 1) * k].clone()
     par = student.SequenceParallelNormMLP.from_block(block, group)
@@ -43,20 +44,23 @@ def _run(student, rec, group, gi, t, gr, mine, salt0, dtype):
             "forward": forward, "backward": backward, "reduce": reduce}
 
 
-def probe_sp(student, ctx, groups=None):
-    """``{"salt0", "group", "members", "parts": {dtype: result}, "hidden"}``."""
+def probe_sp(student, ctx, groups=None, wire=False):
+    """``{"salt0", "group", "members", "parts": {part: result}, "hidden"}`` (the parts of
+    :data:`.inputs.SP_PARTS`; ``wire``: the wide one too)."""
     salt0, group, gi, members, t, gr, mine = tp_group(ctx, groups)
     rec = Recorder()
     rec.install(student)
     parts = {}
     try:
-        for dtype in (torch.float64, torch.float32):
+        for name, (dtype, size) in inputs.SP_PARTS.items():
+            if size == "wire" and not wire:
+                continue
             ctx.case("sp-values")
             try:
-                parts[str(dtype)[6:]] = _run(student, rec, group, gi, t, gr, mine, salt0,
-                                             dtype)
+                parts[name] = _run(student, rec, group, gi, t, gr, mine, salt0,
+                                   getattr(torch, dtype), size)
             except NotImplementedError as exc:
-                parts[str(dtype)[6:]] = not_implemented(student, exc)
+                parts[name] = not_implemented(student, exc)
                 break
         hidden = rec.take_hidden()
     finally:

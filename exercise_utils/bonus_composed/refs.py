@@ -138,11 +138,11 @@ def causal_entries(q_pos, positions):
 
 
 # ------------------------------------------------------------------ sequence parallelism
-def sp(salts, salt0, group_index, t, dtype):
+def sp(salts, salt0, group_index, t, dtype, size="small"):
     """The judge's block on the whole sequence: ``{"y", "x_grad", "grads": {name: full}}``,
     float64 arrays (``w1``/``b1`` fc1's, ``w2``/``b2`` fc2's, the norm's)."""
-    block = inputs.sp_block(salt0, group_index, dtype)
-    x, up = inputs.sp_rows(salts, group_index, t, dtype)
+    block = inputs.sp_block(salt0, group_index, dtype, size)
+    x, up = inputs.sp_rows(salts, group_index, t, dtype, size)
     x.requires_grad_(True)
     y = block(x)
     y.backward(up)

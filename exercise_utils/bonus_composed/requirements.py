@@ -137,7 +137,7 @@ CONTRACT["sequence_parallel"] = [
     Clause("rows", "returns the same rows of the block's output.", cases=("sp-values",)),
     Clause("bias-once", "``b2`` is added once, after it.", cases=("sp-values",)),
     Clause("no-all-reduce", "One all-gather and one reduce-scatter in the forward, one of each "
-           "in the backward, no all-reduce.", cases=("sp-collectives",)),
+           "in the backward, no all-reduce.", cases=("sp-collectives", "sp-wire")),
     Clause("replicated", "Sum, over ``module.group``, the gradient of every parameter in "
            "``module.replicated``", cases=("sp-replicated", "sp-collectives")),
 ]

@@ -1,8 +1,9 @@
-"""What notebook 11's vocabulary-split, ring-attention and composed-step launches may put on the
-wire (the judge's: no probe imports this module, so at grading no rank can read it).
+"""What notebook 11's vocabulary-split, ring-attention, sequence-parallel and composed-step
+launches may put on the wire (the judge's: no probe imports this module, so at grading no rank can read it).
 
 Where links are observed (grading; :func:`exercise_utils.harness.observing`) every launch of
-``check_vocab_parallel`` and ``check_ring_attention`` runs each rank as a host of a mesh and the
+``check_vocab_parallel``, ``check_ring_attention``, ``check_sequence_parallel`` and
+``check_composed_step`` runs each rank as a host of a mesh and the
 judge reads the bytes of every link from the kernel's counters, outside the ranks: whatever the
 ranks do to the recorders in their own memory, they must carry what the notebook asks for. Each
 launch then holds wide float64 parts more (:data:`.inputs.SIZES` ``"wire"``, and the ring's
@@ -19,13 +20,19 @@ block of keys sent to a rank that is not a ring neighbour) stands far above the 
   and every backward's ``c`` blocks with their gradients (the last hop's keys and values may be
   left out: least), each number at most 8 bytes (a file may accumulate the gradients in
   float64); links between ranks that are not ring neighbours carry the set-up only;
+* :func:`sp_envelope`, all links together, per tensor-parallel group: in each forward and
+  each backward one all-gather and one reduce-scatter of the whole sequence's activations
+  (gloo's reduce-scatter all-reduces: as many bytes), and ``sequence_parallel_grads``'s
+  all-reduces of the replicated parameters' gradients; the probe's broadcast and the set-up;
+  a wide block (:data:`.inputs.SP_SIZES` ``"wire"``) whose weights dwarf its activations;
 * :func:`step_envelope`, all links together: per step of ``check_composed_step`` the
   tensor-parallel groups' all-reduces, the pipeline's messages, the data-parallel groups'
   all-reduces of the gradients (at most one per parameter) and of the loss, the loss over the
   pipeline groups; the groups each ``Mesh`` makes; a wide model's step on the first mesh
   (:data:`.inputs.GPT_WIRE_SIZES`) makes the gradients' all-reduces the bulk of the bytes.
 
-Used in 11_bonus_composed (by :mod:`.checks`, :mod:`.checks_ring` and :mod:`.checks_step`).
+Used in 11_bonus_composed (by :mod:`.checks`, :mod:`.checks_ring`, :mod:`.checks_sp` and
+:mod:`.checks_step`).
 """
 from .. import wire
 from ..contract import fail
@@ -123,6 +130,47 @@ def check_ring_wire(links, size, rings, cases, launch):
              f"included). Your ranks sent {why}; the bytes come from the kernel's counters of "
              f"each link, read outside the ranks. A rank sends only to the next rank of its "
              f"ring.")
+
+
+# ------------------------------------------------------------------ sequence parallelism
+def sp_calls(t, wide):
+    """``(least calls, most calls)`` (``(kind, bytes)``) one tensor-parallel group of ``t``
+    ranks makes in a launch of ``check_sequence_parallel`` (``wide``: with the wire part): per
+    part an all-gather and a reduce-scatter of the whole sequence's activations each way, and
+    the replicated parameters' gradients all-reduced (least: in one call; most: one call each)."""
+    least, most = [], []
+    for name, (dtype, size) in inputs.SP_PARTS.items():
+        if size == "wire" and not wide:
+            continue
+        S, B, d, _ = inputs.SP_SIZES[size]
+        whole = S * B * d * ITEM[dtype]
+        moves = [("all_gather", whole), ("reduce_scatter", whole)] * 2
+        least += moves + [("all_reduce", 3 * d * ITEM[dtype])]
+        most += moves + [("all_reduce", d * ITEM[dtype])] * 3
+    return least, most
+
+
+def sp_envelope(size, groups, wide):
+    """``(least, most)`` bytes all links of a launch of ``size`` ranks carry, ``groups`` its
+    tensor-parallel groups (None: the world)."""
+    groups = [tuple(range(size))] if groups is None else groups
+    least, most = wire.envelope([("broadcast", 8), ("barrier", 0)], size)
+    for g in groups:
+        lo_calls, hi_calls = sp_calls(len(g), wide)
+        least += wire.envelope(lo_calls, len(g), setup=0)[0]
+        most += wire.envelope(hi_calls, len(g), setup=0)[1]
+    return least, most
+
+
+def check_sp_wire(links, size, groups, launch):
+    """Fail ``sp-wire`` when the bytes the network counted (``links``, read outside the ranks;
+    empty where not observed) lie outside :func:`sp_envelope`."""
+    wire.check(links, sp_envelope(size, groups, True), "sp-wire",
+               f"check_sequence_parallel with {launch}",
+               "per group, in each forward and each backward, one all-gather and one "
+               "reduce-scatter of the sequence's activations, and the all-reduces of the "
+               "replicated parameters' gradients, nothing else (the weights never leave their "
+               "ranks)")
 
 
 # ------------------------------------------------------------------ the composed step
