@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exercise_utils import cluster
-from exercise_utils.bonus_composed import (bench, bench_sp, bench_torch, checks, inputs, network,
-                                           probes_ring, refs)
+from exercise_utils.bonus_composed import (bench, bench_memory, bench_sp, bench_torch, checks,
+                                           inputs, network, probes_ring, refs)
 from exercise_utils.notebook_files import extract_writefiles
 from grading import (assert_launched_cells_open_with_their_box,
                      assert_release_regions_in_function_bodies, autograde_solution_and_blank)
@@ -326,6 +326,7 @@ def test_autograde_solution_and_blank(tmp_path):
     results = tmp_path / "course" / "autograded" / "solution" / STEM / "results"
     assert_benchmark_rows(json.loads((results / "11_composed_bench.json").read_text()))
     assert_sp_rows(json.loads((results / "11_composed_sp.json").read_text()))
+    assert_memory_rows(json.loads((results / "11_composed_memory.json").read_text()))
     assert_torch_rows(json.loads((results / "11_composed_torch.json").read_text()))
     # the composed step's two placements on two hosts (root only; CI is root)
     if cluster.unavailable_reason():
@@ -360,6 +361,26 @@ def assert_sp_rows(rows):
         assert kinds == (["all_reduce"] if r["variant"] == "tp" else
                          ["all_gather_into_tensor", "reduce_scatter_tensor"]), r
     assert "sp / tp bytes" in bench_sp.table(rows)
+
+
+def assert_memory_rows(rows):
+    """One process and each dimension alone on every n of the run; what the notebook says of
+    them: data parallelism holds every parameter and divides the activations by n (within 5 %);
+    pipeline and tensor parallelism divide the parameters (the largest rank at most 1/n plus
+    what stays whole: 10 %); tensor parallelism keeps more than 1/n of the activations (the
+    replicated norms and residual stream: above 1/n by 10 % of one process's at least)."""
+    worlds = [n for n in bench_memory.WORLD_SIZES if n > 1]
+    assert sorted((r["dim"], r["world_size"]) for r in rows) == sorted(
+        [("none", 1)] + [(d, n) for d in bench_memory.DIMS for n in worlds])
+    for s in bench_memory.summary(rows):
+        n = s["n"]
+        if s["dim"] == "dp":
+            assert s["params_ratio"] == 1.0 and abs(s["saved_ratio"] * n - 1) <= 0.05, s
+        elif s["dim"] in ("pp", "tp"):
+            assert 1 / n <= s["params_ratio"] <= 1 / n + 0.1, s
+        if s["dim"] == "tp":
+            assert s["saved_ratio"] >= 1 / n + 0.1, s
+    assert "saved MB (largest rank)" in bench_memory.table(rows)
 
 
 def assert_network_rows(rows):
