@@ -19,11 +19,14 @@ Modules:
   collective logged with its peer or group);
 * ``probes_ring``: what runs inside the ranks of ``check_ring_attention`` (every point-to-point
   message recorded, the block products counted, what the forward keeps measured);
-* ``wire``: what the vocabulary-split and ring launches may put on the wire (the judge's:
-  hidden at grading);
+* ``wire``: what the vocabulary-split, ring, sequence-parallel and composed-step launches may
+  put on the wire (the judge's: hidden at grading);
 * ``requirements``: the contract, clause by clause, with the check cases that hold each;
 * ``bench``: your ring attention on 1, 2 and 4 ranks, the balanced split against the
   contiguous one: memory kept for the backward and work per rank;
+* ``bench_memory``: a rank's parameters and saved activations with the GPT split along one
+  dimension of your ``Mesh`` at a time (``n x 1 x 1``, ``1 x n x 1``, ``1 x 1 x n``), against
+  one process;
 * ``bench_sp``: your sequence-parallel block against tensor parallelism only on 2 and 4
   ranks: what the forward keeps (in the norm's region and elsewhere) and the ring bytes;
 * ``bench_torch``: your composed step beside torch's composition (``parallelize_module``
