@@ -19,7 +19,8 @@ decides what a machine must hold) and their mean. Used in 11_bonus_composed (:fu
 """
 from ..bench import script_parser
 from ..config import quick
-from .network import MODEL
+from .bench_sp import saving
+from .network import MODEL, model_and_batch
 
 WORLD_SIZES = quick((1, 2, 4), (1, 2))
 THREADS = 1
@@ -41,37 +42,17 @@ def shapes(world):
     return [tuple(world if i == k else 1 for i in range(3)) for k in range(3)]
 
 
-def saved_during(step, params):
-    """``step()`` under a saved-tensors hook; the bytes of the distinct floating-point tensors
-    autograd saved that are not parameters (``params``: their data pointers)."""
-    import torch
-    seen, total = set(), [0]
-
-    def pack(tensor):
-        key = (tensor.data_ptr(), tensor.numel())
-        if tensor.is_floating_point() and tensor.data_ptr() not in params and key not in seen:
-            seen.add(key)
-            total[0] += tensor.numel() * tensor.element_size()
-        return tensor
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        step()
-    return total[0]
-
-
 def measure(student, args, shape):
     """This rank's ``(params, saved)`` bytes on the mesh ``shape``."""
-    import torch
-    torch.manual_seed(0)
-    model = student.GPT(args.vocab, args.width, args.heads, args.hidden, args.layers, args.seq)
-    gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
-    targets = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
+    model, tokens, targets = model_and_batch(student, args)
     mesh = student.Mesh(*shape)
     stage = student.GPTStage.from_model(model, mesh)
     params = {p.data_ptr() for p in stage.parameters()}
     held = sum(p.numel() * p.element_size() for p in stage.parameters())
-    saved = saved_during(lambda: student.composed_step(stage, tokens, targets, mesh), params)
-    return held, saved
+    saved = [0]
+    with saving(params, lambda nbytes: saved.__setitem__(0, saved[0] + nbytes)):
+        student.composed_step(stage, tokens, targets, mesh)
+    return held, saved[0]
 
 
 def benchmark(student, args, rank, world):

@@ -75,25 +75,37 @@ def tensor_parallel(student, block, group):
     return TensorParallelNormMLP()
 
 
-def kept_and_calls(student, module, x, t):
-    """``(kept_norm, kept_rest, forward calls, backward calls)`` of one step of ``module``."""
+def saving(params, count):
+    """A saved-tensors hook context that calls ``count(nbytes)`` once for each distinct
+    floating-point tensor autograd saves that is not a parameter (``params``: their data
+    pointers); tensors saved twice count once. Used here and by :mod:`.bench_memory`."""
     import torch
-    from ..recorder import Recorder
-    params = {p.data_ptr() for p in module.parameters()}
-    seen, kept, where = set(), {"norm": 0, "rest": 0}, ["rest"]
-    hooks = [module.norm.register_forward_pre_hook(lambda *a: where.__setitem__(0, "norm")),
-             module.norm.register_forward_hook(lambda *a: where.__setitem__(0, "rest"))]
+    seen = set()
 
     def pack(tensor):
         key = (tensor.data_ptr(), tensor.numel())
         if tensor.is_floating_point() and tensor.data_ptr() not in params and key not in seen:
             seen.add(key)
-            kept[where[0]] += tensor.numel() * tensor.element_size()
+            count(tensor.numel() * tensor.element_size())
         return tensor
+    return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+
+
+def kept_and_calls(student, module, x, t):
+    """``(kept_norm, kept_rest, forward calls, backward calls)`` of one step of ``module``."""
+    import torch
+    from ..recorder import Recorder
+    params = {p.data_ptr() for p in module.parameters()}
+    kept, where = {"norm": 0, "rest": 0}, ["rest"]
+    hooks = [module.norm.register_forward_pre_hook(lambda *a: where.__setitem__(0, "norm")),
+             module.norm.register_forward_hook(lambda *a: where.__setitem__(0, "rest"))]
+
+    def count(nbytes):
+        kept[where[0]] += nbytes
     rec = Recorder()
     rec.install(student)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with saving(params, count):
             y = module(x)
         forward = [(e[1], e[2]) for e in rec.take() if e[0] == "coll"]
         y.backward(torch.ones_like(y))

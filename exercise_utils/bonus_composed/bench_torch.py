@@ -28,7 +28,7 @@ import time
 
 from ..bench import script_parser
 from ..config import quick
-from .network import MODEL
+from .network import MODEL, model_and_batch
 
 WARMUP = 1
 REPS = quick(5, 2)
@@ -103,11 +103,7 @@ def benchmark(student, args, rank, world):
                                                    parallelize_module)
     if world != WORLD:
         raise ValueError(f"the comparison runs on {WORLD} ranks, not {world}")
-    torch.manual_seed(0)
-    model = student.GPT(args.vocab, args.width, args.heads, args.hidden, args.layers, args.seq)
-    gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
-    targets = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
+    model, tokens, targets = model_and_batch(student, args)
     mesh = student.Mesh(2, 2, 2)
     mine = student.GPTStage.from_model(model, mesh)
     tm = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "pp", "tp"))

@@ -39,6 +39,19 @@ PLACEMENTS = ("tp-inside", "tp-across")
 CROSSING = {"tp-inside": "dp", "tp-across": "tp"}
 
 
+def model_and_batch(student, args):
+    """Your ``GPT`` of ``args``' sizes (seed 0) and a batch ``(tokens, targets)`` (seed 1): what
+    every launched measurement of the composed step runs (:mod:`.network_ranks`,
+    :mod:`.bench_torch`, :mod:`.bench_memory`)."""
+    import torch
+    torch.manual_seed(0)
+    model = student.GPT(args.vocab, args.width, args.heads, args.hidden, args.layers, args.seq)
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
+    targets = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
+    return model, tokens, targets
+
+
 def expected_bytes(vocab, width, heads, hidden, layers, seq, batch, item=4):
     """``{dim: bytes}`` one step of the 2 x 2 x 2 mesh puts on all links (see the module
     docstring)."""

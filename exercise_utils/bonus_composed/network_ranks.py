@@ -67,17 +67,15 @@ def benchmark(student, args, rank, world):
     """The row (the same on every rank) of this placement."""
     import torch
     import torch.distributed as dist
+
+    from . import network
     if world != 2 * PER_HOST:
         raise ValueError(f"the sweep runs 2 hosts of {PER_HOST} ranks, not {world} ranks")
     reads = int(os.environ.get("LOCAL_RANK", rank % PER_HOST)) == 0
     mesh = student.Mesh(2, 2, 2)
-    torch.manual_seed(0)
-    model = student.GPT(args.vocab, args.width, args.heads, args.hidden, args.layers, args.seq)
+    model, tokens, targets = network.model_and_batch(student, args)
     stage = student.GPTStage.from_model(model, mesh)
     del model
-    gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
-    targets = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
     seconds, sent, losses = [], 0, []
     for r in range(args.warmup + args.steps):
         for p in stage.parameters():
