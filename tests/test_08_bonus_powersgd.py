@@ -286,8 +286,11 @@ def test_autograde_solution_and_blank(tmp_path):
 
 def assert_network_rows(rows, tmp_path):
     """Both models, every method at every rate; the same accuracy at every rate (the link
-    changes when bytes arrive, not what is computed); the issue's goal on the wide model:
-    PowerSGD rank 2 at least 3x faster per step than uncompressed at 100 Mbit/s."""
+    changes when bytes arrive, not what is computed). The issue's goal (PowerSGD rank 2 at
+    least 3x faster per step than uncompressed at 100 Mbit/s on the wide model) is a measured
+    time: held by ``test_powersgd_rank_2_is_3x_faster_at_100mbit`` in the serial pass, where
+    nothing else runs (beside two other test workers, CI measured 2.2x: its compressed step's
+    computing took 6 times what it takes alone, while the link's time stays what it is)."""
     rates = [rate or "unshaped" for rate in network.RATES]
     runs = [(h, m, r) for h in network.HIDDEN for m, r in
             [("uncompressed", None)] + [("yours", k) for k in pe.RANKS]]
@@ -300,8 +303,10 @@ def assert_network_rows(rows, tmp_path):
     assert min(r["rate_bits"] for r in rows if r["rate"] == "unshaped") > 1e9
     wide = {(r["method"], r["rank"]): r["step_s"] for r in rows
             if r["hidden"] == max(network.HIDDEN) and r["rate"] == "100mbit"}
-    speedup = wide["uncompressed", None] / wide["yours", 2]
-    assert speedup >= 3, f"PowerSGD r=2 only {speedup:.1f}x faster at 100 Mbit/s: {wide}"
+    for r in rows:   # an uncompressed step's bytes (every step the same) cross the shaped link
+        if r["rate"] == "100mbit" and r["method"] == "uncompressed":
+            assert r["step_s"] >= 0.9 * r["bytes_per_step"] * 8 / 1e8, r
+    assert wide["uncompressed", None] >= 0.2, wide       # 2.7 MB at 100 Mbit/s: 0.22 s at least
     text = network.table(rows)
     assert "break-even link rate" in text and "hidden 2048" in text
     network.plot(rows, tmp_path / "network.png")
@@ -342,6 +347,19 @@ def assert_experiment_rows(rows, tmp_path):
     assert "yours r=1" in text and "torch r=2" in text and "uncompressed" in text
     pe.plot(rows, tmp_path / "08.png")
     assert (tmp_path / "08.png").stat().st_size > 1000
+
+
+@pytest.mark.serial    # a measured time: alone on the machine, as the notebook runs it
+def test_powersgd_rank_2_is_3x_faster_at_100mbit(tmp_path, solution_file):
+    """The issue's goal, measured as the notebook measures it (``network.sweep``: the wide
+    model on two hosts, median step): PowerSGD rank 2 at least 3x faster per step than
+    uncompressed training at 100 Mbit/s (quiet here: 11x)."""
+    if cluster.unavailable_reason():
+        pytest.skip(f"needs the course's cluster: {cluster.unavailable_reason()}")
+    rows = network.sweep(student=str(solution_file), ranks=(2,), rates=("100mbit",),
+                         hidden=(max(network.HIDDEN),), out=tmp_path / "network.json")
+    step = {r["method"]: r["step_s"] for r in rows}
+    assert step["uncompressed"] >= 3 * step["yours"], f"only {step['uncompressed'] / step['yours']:.1f}x: {step}"
 
 
 def test_network_break_even_is_where_the_measured_speedup_crosses_1():

@@ -24,7 +24,8 @@ def test_four_jobs_grade_a_class_and_isolate_failures(tmp_path, fixture_release)
         nbformat.write(nb, folder / f"{STEM}.ipynb")
     before = {p.pid for p in psutil.process_iter()}
     proc = course("autograde", "--course", tmp_path / "course", "--solutions", FIXTURE.parent,
-                  "--jobs", 4, "--job-timeout", 45, "--cell-timeout", 600)
+                  "--jobs", 4, "--job-timeout", 120, "--cell-timeout", 600)
+    # (a right job takes 20-30 s here alone, and ran past 45 s under CI's load: a slow machine is not a hang)
     # two submissions failed, each given 0 with a reason: every one handled, exit 0
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(tmp_path / "course" / "grades.csv", newline="") as f:
@@ -37,7 +38,7 @@ def test_four_jobs_grade_a_class_and_isolate_failures(tmp_path, fixture_release)
     assert {s: status for s, (status, _) in report.items()} == {
         "s0": "graded", "s1": "graded", "s2": "graded", "s3": "graded", "blank": "graded",
         "hung": "failed", "crashed": "failed"}
-    assert "ran past --job-timeout (45 s)" in report["hung"][1]
+    assert "ran past --job-timeout (120 s)" in report["hung"][1]
     assert "DeadKernelError: Kernel died" in report["crashed"][1]
     for student in ("hung", "crashed"):
         assert (tmp_path / "course" / ".grading" / f"{STEM}--{student}" / "log.txt").is_file()
