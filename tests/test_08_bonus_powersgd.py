@@ -303,10 +303,11 @@ def assert_network_rows(rows, tmp_path):
     assert min(r["rate_bits"] for r in rows if r["rate"] == "unshaped") > 1e9
     wide = {(r["method"], r["rank"]): r["step_s"] for r in rows
             if r["hidden"] == max(network.HIDDEN) and r["rate"] == "100mbit"}
-    for r in rows:   # an uncompressed step's bytes (every step the same) cross the shaped link
-        if r["rate"] == "100mbit" and r["method"] == "uncompressed":
-            assert r["step_s"] >= 0.9 * r["bytes_per_step"] * 8 / 1e8, r
-    assert wide["uncompressed", None] >= 0.2, wide       # 2.7 MB at 100 Mbit/s: 0.22 s at least
+    # the wide model's uncompressed step (2.7 MB, every step the same; the link's burst is
+    # 64 kB) is never faster than its bytes at 100 Mbit/s: 0.22 s (measured here: 0.27 s)
+    sent = next(r["bytes_per_step"] for r in rows if r["hidden"] == max(network.HIDDEN)
+                and r["method"] == "uncompressed")
+    assert sent > 2.7e6 and wide["uncompressed", None] >= 0.9 * sent * 8 / 1e8, (sent, wide)
     text = network.table(rows)
     assert "break-even link rate" in text and "hidden 2048" in text
     network.plot(rows, tmp_path / "network.png")
