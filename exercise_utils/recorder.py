@@ -78,9 +78,21 @@ class _Work:
         return getattr(self._work, name)
 
 
+def elements(first):
+    """The elements a collective's first argument holds: a tensor's, or the sum over a list
+    form's tensors (``all_gather(tensor_list, t)`` records the whole output, as
+    ``all_gather_into_tensor`` does; ``all_to_all`` its outputs); 0 for objects."""
+    if isinstance(first, torch.Tensor):
+        return first.numel()
+    if isinstance(first, (list, tuple)):
+        return sum(elements(item) for item in first)
+    return 0
+
+
 class Recorder:
     """Replaces the torch.distributed collectives (also names the student imported) by
-    recording wrappers; ``events`` lists ("coll", name, numel, async_op), ("wait", i) and
+    recording wrappers; ``events`` lists ("coll", name, numel, async_op) (numel: :func:`elements` of its first
+    argument), ("wait", i) and
     the probe's own marks in the order they happened; ``hidden`` lists ``(name, numel,
     peer)`` of what reached the ProcessGroup by another path (:mod:`exercise_utils.pgwatch`:
     collectives under qualified names such as ``ProcessGroup.allreduce``, point-to-point
@@ -126,8 +138,7 @@ class Recorder:
                 bound = signature.bind_partial(*args, **kwargs).arguments
             except (AttributeError, TypeError):     # no signature, or bad arguments: the
                 bound = {}                          # collective itself will say what is wrong
-            tensor = next(iter(bound.values()), None)
-            numel = tensor.numel() if isinstance(tensor, torch.Tensor) else 0
+            numel = elements(next(iter(bound.values()), None))
             async_op = bound.get("async_op", False)
             index = len(self.events)
             self.events.append(("coll", SAME_AS.get(name, name), numel, bool(async_op)))

@@ -56,6 +56,10 @@ def probe_recorder_forms(student, ctx):
         dist.reduce_scatter_tensor(torch.empty(3), torch.ones(3 * ctx.size), dist.ReduceOp.SUM,
                                    None, True).wait()
         dist.all_gather_into_tensor(output_tensor=torch.empty(ctx.size), input_tensor=torch.ones(1))
+        dist.all_gather([torch.empty(2) for _ in range(ctx.size)], torch.ones(2))   # list forms
+        dist.reduce_scatter(torch.empty(3), [torch.ones(3) for _ in range(ctx.size)])
+        dist.all_to_all([torch.empty(1) for _ in range(ctx.size)],
+                        [torch.ones(1) for _ in range(ctx.size)])
     finally:
         rec.uninstall()
     return [list(e) for e in rec.take()], rec.take_hidden(), objects

@@ -49,7 +49,9 @@ def test_pgwatch_sees_the_process_group_and_keeps_ops_usable(tmp_path):
 def test_the_recorder_records_every_public_form_of_a_collective(tmp_path):
     """*_single forms under the name of their *_tensor twin, *_object forms as themselves,
     nothing hidden (issue 25: notebook 09 with reduce_scatter_single or gather_object lost every
-    point as an integrity violation); async_op and the size found by name, wherever they sit."""
+    point as an integrity violation); async_op and the size found by name, wherever they sit;
+    a list form's size is its tensors' (an all-gather into a list records what
+    all_gather_into_tensor records: bench_sp's ring bytes counted it as nothing)."""
     path = student(tmp_path, "x = 1\n")
     for events, hidden, objects in run_ranks(path, "harness_probes:probe_recorder_forms", 2,
                                              "gloo", timeout=60):
@@ -58,7 +60,9 @@ def test_the_recorder_records_every_public_form_of_a_collective(tmp_path):
                  [e for e in events if e[0] == "coll"]]
         assert colls == [("all_gather_into_tensor", 4, False), ("reduce_scatter_tensor", 2, False),
                          ("gather_object", 0, False), ("broadcast_object_list", 0, False),
-                         ("reduce_scatter_tensor", 3, True), ("all_gather_into_tensor", 2, False)]
+                         ("reduce_scatter_tensor", 3, True), ("all_gather_into_tensor", 2, False),
+                         ("all_gather", 4, False), ("reduce_scatter", 3, False),
+                         ("all_to_all", 2, False)]
 
 
 def test_not_implemented_yet(tmp_path):
