@@ -31,6 +31,18 @@ import types
 from pathlib import Path
 
 VIOLATION = "the check's integrity was violated"
+
+
+def verify_rank0_number(res, salts):
+    """Raise ``CheckFailure`` (an integrity violation) unless every rank's probe received rank
+    0's number (``out["salt0"]``, broadcast by the probe: the inputs all ranks share come from
+    it) as the judge gave it (``salts``: ``{rank: number}`` from ``run_ranks``; 0 where the
+    launch was not salted). Used by the checks of notebooks 10 and 11."""
+    from .contract import CheckFailure
+    salt0 = salts.get(0, 0)
+    if any(out["salt0"] != salt0 for out in res):
+        raise CheckFailure(f"{VIOLATION}: the ranks did not all receive rank 0's number (your "
+                           "file must not change torch.distributed's broadcast)")
 _SIG = 64     # hex digits of a SHA-256 HMAC
 
 

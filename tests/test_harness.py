@@ -505,3 +505,19 @@ def test_every_point_to_point_form_is_counted_once_by_every_recorder(tmp_path):
         assert logged["03"] == want, (rank, logged["03"])
         assert logged["10"] == want, (rank, logged["10"])
         assert logged["08"] == [(name, 5, None) for name, _, _ in want], (rank, logged["08"])
+
+
+def test_every_rank_must_have_received_the_number_the_judge_gave_rank_0():
+    """integrity.verify_rank0_number (notebooks 10 and 11): the shared inputs come from rank
+    0's number as each rank's probe received it; a rank that got another (a file that changed
+    the broadcast: unsalted inputs, whose answers a file could carry) is an integrity
+    violation, judged against the judge's own number (0 where the launch was not salted)."""
+    from exercise_utils.contract import CheckFailure
+    from exercise_utils.integrity import VIOLATION, verify_rank0_number
+    verify_rank0_number([{"salt0": 7}, {"salt0": 7}], {0: 7, 1: 3})
+    verify_rank0_number([{"salt0": 0}, {"salt0": 0}, {"salt0": 0}], {})
+    for res, salts in (([{"salt0": 7}, {"salt0": 0}], {0: 7, 1: 3}),
+                       ([{"salt0": 0}, {"salt0": 0}], {0: 7, 1: 3}),     # all agree: not enough
+                       ([{"salt0": 5}, {"salt0": 5}], {})):
+        with pytest.raises(CheckFailure, match=VIOLATION):
+            verify_rank0_number(res, salts)

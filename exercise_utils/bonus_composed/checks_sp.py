@@ -29,6 +29,7 @@ import torch
 from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, observing, run_ranks
 from ..notebook_files import no_file, unimplemented
+from ..integrity import verify_rank0_number
 from ..recorder import verify_no_hidden
 from . import inputs, probes_sp, refs
 from .checks import close_to_scale as _close, unfinished
@@ -142,11 +143,8 @@ def check_sequence_parallel(path):
                                                     "dist.reduce_scatter_tensor, dist.all_reduce")
         except AssertionError as err:
             raise CheckFailure(str(err)) from None
+        verify_rank0_number(res, salts)
         salts = [salts.get(r, 0) for r in range(size)]
-        if any(out["salt0"] != salts[0] for out in res):
-            raise CheckFailure("the check's integrity was violated: the ranks did not all "
-                               "receive rank 0's number (your file must not change "
-                               "torch.distributed's broadcast)")
         found = [got["todo"] for out in res for got in out["parts"].values() if "todo" in got]
         _check_launch(launch, res, salts)
         if not found:

@@ -31,6 +31,7 @@ import numpy as np
 from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, observing, run_ranks
 from ..notebook_files import no_file, unimplemented, unwritten
+from ..integrity import verify_rank0_number
 from ..recorder import verify_no_hidden
 from . import probes
 from .nets import BLOCKS, PARAMS, blocks, reference, rows_of, shard
@@ -56,11 +57,7 @@ def _launch(path, size, observed):
         verify_no_hidden(res, f"with {size} ranks", "dist.all_reduce")
     except AssertionError as err:      # an integrity violation: no case of the contract
         raise CheckFailure(str(err)) from None
-    salt0 = salts.get(0, 0)
-    if any(out["salt0"] != salt0 for out in res):
-        raise CheckFailure("the check's integrity was violated: the ranks did not all receive "
-                           "rank 0's number (your file must not change torch.distributed's "
-                           "broadcast)")
+    verify_rank0_number(res, salts)
     return res, [salts.get(r, 0) for r in range(size)], links
 
 
