@@ -55,16 +55,25 @@ def vocab_calls(t, wide):
     return calls
 
 
+def _launch_envelope(size, groups, world, calls):
+    """``(least, most)`` bytes all links of a launch of ``size`` ranks carry: the probe's own
+    ``world`` calls over all of them (and the set-up), then over each of its tensor-parallel
+    ``groups`` (None: the world) the calls ``calls(t)`` gives for a group of ``t``: ``(the
+    fewest, the most)``."""
+    groups = [tuple(range(size))] if groups is None else groups
+    least, most = wire.envelope(world, size)
+    for g in groups:
+        fewest, every = calls(len(g))
+        least += wire.envelope(fewest, len(g), setup=0)[0]
+        most += wire.envelope(every, len(g), setup=0)[1]
+    return least, most
+
+
 def vocab_envelope(size, groups, wide):
     """``(least, most)`` bytes all links of a launch of ``size`` ranks carry, ``groups`` its
     tensor-parallel groups (None: the world)."""
-    groups = [tuple(range(size))] if groups is None else groups
     world = [("broadcast", 8)] + [("all_reduce", 8)] * (3 if wide else 2) + [("barrier", 0)]
-    least, most = wire.envelope(world, size)
-    for g in groups:
-        lo, hi = wire.envelope(vocab_calls(len(g), wide), len(g), setup=0)
-        least, most = least + lo, most + hi
-    return least, most
+    return _launch_envelope(size, groups, world, lambda t: (vocab_calls(t, wide),) * 2)
 
 
 def check_vocab_wire(links, size, groups, launch):
@@ -153,13 +162,8 @@ def sp_calls(t, wide):
 def sp_envelope(size, groups, wide):
     """``(least, most)`` bytes all links of a launch of ``size`` ranks carry, ``groups`` its
     tensor-parallel groups (None: the world)."""
-    groups = [tuple(range(size))] if groups is None else groups
-    least, most = wire.envelope([("broadcast", 8), ("barrier", 0)], size)
-    for g in groups:
-        lo_calls, hi_calls = sp_calls(len(g), wide)
-        least += wire.envelope(lo_calls, len(g), setup=0)[0]
-        most += wire.envelope(hi_calls, len(g), setup=0)[1]
-    return least, most
+    return _launch_envelope(size, groups, [("broadcast", 8), ("barrier", 0)],
+                            lambda t: sp_calls(t, wide))
 
 
 def check_sp_wire(links, size, groups, launch):
