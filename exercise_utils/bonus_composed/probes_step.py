@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..rankworker import not_implemented
-from ..recorder import P2P, PointToPoint
+from ..recorder import P2P, PointToPoint, elements
 from . import inputs
 from .probes import digest, tp_group
 
@@ -36,9 +36,7 @@ class StepRecorder(PointToPoint):
         except (KeyError, TypeError, ValueError):
             bound = {}
         first = next(iter(bound.values()), None)
-        numel = (first.numel() if isinstance(first, torch.Tensor) else
-                 sum(t.numel() for t in first if isinstance(t, torch.Tensor))
-                 if isinstance(first, (list, tuple)) else None)
+        numel = elements(first) if isinstance(first, (torch.Tensor, list, tuple)) else None
         try:
             ranks = [int(r) for r in dist.get_process_group_ranks(bound.get("group")
                                                                   or dist.group.WORLD)]
