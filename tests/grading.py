@@ -102,6 +102,9 @@ def autograde(tmp_path, stem, submissions, timeout=1500, whole_notebook=True, li
     Returns:
         (course folder, {student id: score}, seconds the run took).
     """
+    # (the course's default cell timeout, 600 s, and so its check limit, 300 s: a slow
+    # machine's cell is not a hung one; beside two other test workers notebook 03's whole
+    # autograde took 490 s, 241 s the day before)
     course = tmp_path / "course"
     for student, text in submissions.items():
         target = course / "submitted" / student / stem
@@ -109,7 +112,7 @@ def autograde(tmp_path, stem, submissions, timeout=1500, whole_notebook=True, li
         (target / f"{stem}.ipynb").write_text(text)
     start = time.monotonic()
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "autograde",
-                           "--course", str(course), "--cell-timeout", "300", *UNSAFE,
+                           "--course", str(course), "--cell-timeout", "600", *UNSAFE,
                            *(["--whole-notebook"] if whole_notebook else []),
                            *(["--limits", limits] if limits else [])],
                           capture_output=True, text=True, timeout=timeout)
