@@ -20,7 +20,10 @@ from ..config import quick
 from ..progress import runs
 from ..processes import kill_processes
 
-TIMEOUT = quick(900, 60)    # seconds before a training run is declared hung and killed
+# seconds before a training run is declared hung and killed: the quick runs take 5-20 s alone,
+# and one beside two busy processes (the oversubscription table) on a loaded machine had printed
+# its final accuracy when 60 s cut it: a slow machine is not a hang
+TIMEOUT = quick(900, 300)
 
 
 def run_training(procs, mode="gradient", work="work", out_dir="results", extra=(), echo=True,
