@@ -43,6 +43,8 @@ def verify_rank0_number(res, salts):
     if any(out["salt0"] != salt0 for out in res):
         raise CheckFailure(f"{VIOLATION}: the ranks did not all receive rank 0's number (your "
                            "file must not change torch.distributed's broadcast)")
+
+
 _SIG = 64     # hex digits of a SHA-256 HMAC
 
 

@@ -59,7 +59,7 @@ def pytest_configure(config):
             os.environ.setdefault(var, share)
 
 
-# A whole notebook's autograde has its own limit (900-1500 s, tests/grading.py), which says
+# A whole notebook's autograde has its own limit (1500 s, tests/grading.py), which says
 # what ran too long; pytest-timeout's 600 s (pyproject.toml) cut it first when the machine was
 # slow: notebook 05's, 196 s here on a quiet day, passed 600 s in a fresh-clone run beside two
 # other workers (its notebook 03 took 490 s there, 241 s the day before). A slow machine is

@@ -310,7 +310,7 @@ def test_epoch_orders_shows_the_forgotten_set_epoch():
 # ------------------------------------------------------------------ whole notebook
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
-    graded, _ = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 1500)
+    graded, _ = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS))
 
 
 @pytest.mark.timeout(420)

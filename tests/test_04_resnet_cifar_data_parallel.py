@@ -180,7 +180,7 @@ def test_tables_and_plot(tmp_path):
 # ------------------------------------------------------------------ whole notebook
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
-    graded, _ = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 1500)
+    graded, _ = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS))
     assert "speed vs 1st" in graded and "gradient all-reduce, 2 gloo ranks" in graded
 
 

@@ -202,7 +202,7 @@ def test_compare_reports_the_largest_difference(tmp_path):
 # ------------------------------------------------------------------ whole notebook
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
-    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 1500)
+    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS))
     # the restarted job ends with the uninterrupted job's parameters, in the notebook too
     assert "largest parameter difference between A and B: 0" in graded
     assert "restarted 1 time(s)" in graded and "one job: 2 workers on 2 nodes" in graded

@@ -199,7 +199,7 @@ def test_the_sweeps_reach_every_edge_the_contract_names():
 # ------------------------------------------------------------------ whole notebook
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
-    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 1500)
+    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS))
     assert "7.5B (ZeRO paper)" in graded and "torch zero" in graded
     # the benchmark the notebook ran (quick sizes): its rows, table and plot
     results = tmp_path / "course" / "autograded" / "solution" / STEM / "results"

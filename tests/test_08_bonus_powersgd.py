@@ -272,7 +272,7 @@ def test_correct_powersgd_stays_within_the_tolerance_for_any_salts(name, size):
 # ------------------------------------------------------------------ whole notebook
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
-    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 1500)
+    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS))
     assert "uncompressed" in graded and "torch r=1" in graded
     # the experiment the notebook ran (quick sizes): bytes counted, torch's hook alike
     results = tmp_path / "course" / "autograded" / "solution" / STEM / "results"

@@ -211,7 +211,7 @@ def test_memory_waits_for_a_thread_still_holding_a_finished_collectives_tensors(
 # ------------------------------------------------------------------ whole notebook
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
-    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS), 1500)
+    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, len(CHECKERS))
     assert "time / FSDP2" in graded
     results = tmp_path / "course" / "autograded" / "solution" / STEM / "results"
     assert_benchmark_rows(json.loads((results / "09_fsdp_bench.json").read_text()))

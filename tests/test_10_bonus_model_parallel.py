@@ -137,7 +137,7 @@ def test_the_tensor_parallel_check_reports_piece_by_piece(tmp_path):
 
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
-    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, CHECKS, 1500)
+    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, CHECKS)
     assert "bubble" in graded
     results = tmp_path / "course" / "autograded" / "solution" / STEM / "results"
     assert_benchmark_rows(json.loads((results / "10_model_parallel_bench.json").read_text()))

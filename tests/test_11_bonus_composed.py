@@ -321,7 +321,7 @@ def test_the_step_sweep_reaches_every_edge():
 # ------------------------------------------------------------------ whole notebook
 @pytest.mark.notebook
 def test_autograde_solution_and_blank(tmp_path):
-    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, CHECKS, 1500)
+    graded, seconds = autograde_solution_and_blank(tmp_path, STEM, POINTS, CHECKS)
     assert "init_device_mesh's" in graded and "(the same)" in graded
     results = tmp_path / "course" / "autograded" / "solution" / STEM / "results"
     assert_benchmark_rows(json.loads((results / "11_composed_bench.json").read_text()))

@@ -27,9 +27,9 @@ import torch
 
 from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, observing, run_ranks
+from ..integrity import verify_rank0_number
 from ..notebook_files import no_file, unimplemented, unwritten
 from ..rankworker import salted_generator
-from ..integrity import verify_rank0_number
 from ..recorder import verify_no_hidden
 from . import inputs, probes, refs
 from .wire import check_vocab_wire

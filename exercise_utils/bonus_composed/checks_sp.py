@@ -28,8 +28,8 @@ import torch
 
 from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, observing, run_ranks
-from ..notebook_files import no_file, unimplemented
 from ..integrity import verify_rank0_number
+from ..notebook_files import no_file, unimplemented
 from ..recorder import verify_no_hidden
 from . import inputs, probes_sp, refs
 from .checks import close_to_scale as _close, unfinished

@@ -30,8 +30,8 @@ import numpy as np
 
 from ..contract import CheckFailure, fail
 from ..harness import HANG_AFTER, check, observing, run_ranks
-from ..notebook_files import no_file, unimplemented, unwritten
 from ..integrity import verify_rank0_number
+from ..notebook_files import no_file, unimplemented, unwritten
 from ..recorder import verify_no_hidden
 from . import probes
 from .nets import BLOCKS, PARAMS, blocks, reference, rows_of, shard
