@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import dropper  # noqa: E402
+from exercise_utils.notebook_files import PART_RE, parts_of  # noqa: E402
 from test_pipeline import UNSAFE  # noqa: E402 - [] where the grading sandbox runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +70,28 @@ def graded_only(text, keep_checks=None):
             return src.split()[2] in keep_checks
         return "nbgrader" in cell["metadata"]
     nb["cells"] = [c for c in nb["cells"] if keep(c)]
+    return json.dumps(nb, indent=1)
+
+
+def with_files(text, files):
+    """A submission of notebook ``text`` whose cells that write a student file write ``files``
+    (``{path: file text}``) instead: a ``%%writefile`` cell the whole text, the ``%%part``
+    cells of a file with part marks (``# ---- part k/n ...``) part ``k`` each, and of a file
+    without them (a whole file, as a cheat is written) part 1 the whole text and the other
+    parts nothing. Used to grade a whole file (a cheat) as a notebook."""
+    nb = json.loads(text)
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        first = src.split("\n", 1)[0]
+        part = PART_RE.match(first)
+        target = part["path"] if part else first.split()[-1] if first.startswith(
+            "%%writefile") else None
+        if target not in files:
+            continue
+        parts = parts_of(files[target])
+        body = (files[target] if not part else parts.get(int(part["k"]), "") if parts
+                else files[target] if part["k"] == "1" else "")
+        cell["source"] = first + "\n" + body
     return json.dumps(nb, indent=1)
 
 

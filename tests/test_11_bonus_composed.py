@@ -3,8 +3,8 @@ composed step. The judge's rules
 against their definitions and against torch (``init_device_mesh``'s groups, attention over the
 whole sequence), the solution's pure pieces against the judge's on arbitrary inputs
 (Hypothesis), the sweeps reaching every edge the contract names, the blank release's regions,
-the ring check piece by piece, and the whole notebook autograded as the solution and as the
-blank release. The checks against the known-wrong and the correct files:
+the ring check piece by piece, the whole notebook autograded as the solution and as the
+blank release, and the step's two cheats graded as whole notebooks. The checks against the known-wrong and the correct files:
 ``tests/test_checks.py``.
 
 check_mesh launches 8 and 6 gloo ranks, check_vocab_parallel 4 and 3, check_ring_attention 3
@@ -21,9 +21,12 @@ from hypothesis import strategies as st
 from exercise_utils import cluster
 from exercise_utils.bonus_composed import (bench, bench_memory, bench_sp, bench_torch, checks,
                                            inputs, network, probes_ring, refs)
+from exercise_utils.integrity import VIOLATION
 from exercise_utils.notebook_files import extract_writefiles
 from grading import (assert_launched_cells_open_with_their_box,
-                     assert_release_regions_in_function_bodies, autograde_solution_and_blank)
+                     assert_release_regions_in_function_bodies, autograde,
+                     autograde_solution_and_blank, check_outputs, graded_only, with_files)
+from test_sandbox import bwrap  # noqa: F401 - the fixture: installs bubblewrap or skips
 
 from pathlib import Path
 
@@ -33,6 +36,7 @@ SOLUTION = ROOT / "solutions" / f"{STEM}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{STEM}.ipynb"
 POINTS = 13
 CHECKS = 5
+CHEATS = ROOT / "tests" / "cheats"
 
 
 @pytest.fixture(scope="module")
@@ -334,6 +338,34 @@ def test_autograde_solution_and_blank(tmp_path):
         return
     assert_network_rows(json.loads((results / "11_composed_network.json").read_text()))
     assert "tp-across / tp-inside" in graded
+
+
+@pytest.mark.notebook
+def test_the_step_s_cheats_lose_its_points_when_the_whole_notebook_is_graded(bwrap,  # noqa: F811
+                                                                           tmp_path):
+    """Notebook 11's two cheats of the composed step, each graded as a whole submission under
+    make autograde's policy (a sandbox, each rank a host of its own, salted inputs): the
+    collective through the process group object behind a decoy all-reduce (the in-rank
+    defences; on hosts the wire may say it first) and the gradients all-gathered below the
+    recorders (only the wire sees it). Each file is the solution but for its trick: every
+    other check passes, the step's 3 points are lost. Where the defences are off each passes
+    ``check_composed_step`` (tests/test_cheats.py and tests/test_wire.py prove it)."""
+    if cluster.unavailable_reason():
+        pytest.skip(f"the wire is observed on hosts only: {cluster.unavailable_reason()}")
+    release = RELEASE.read_text()
+    cheats = {"process_group": CHEATS / "11_composed_step_process_group.py",
+              "gather_below": CHEATS / "wire" / "11_composed_step_gather_below.py"}
+    subs = {student: graded_only(with_files(release, {"work/11_composed.py": path.read_text()}))
+            for student, path in cheats.items()}
+    course, scores, _ = autograde(tmp_path, STEM, subs, whole_notebook=False)
+    step = "# CHECK composed_step (3 points)"
+    said = {student: check_outputs(course, student, STEM) for student in subs}
+    assert scores == {student: POINTS - 3.0 for student in subs}, (scores, {
+        student: {first: outputs[-1500:] for first, outputs in checks.items()
+                  if "all checks passed" not in outputs} for student, checks in said.items()})
+    assert "the network counted" in said["gather_below"][step], said["gather_below"][step][-2000:]
+    assert VIOLATION in said["process_group"][step] or (
+        "the network counted" in said["process_group"][step]), said["process_group"][step][-2000:]
 
 
 def assert_torch_rows(rows):

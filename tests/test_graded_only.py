@@ -210,3 +210,27 @@ def test_the_grader_builds_a_parted_file_from_the_sources_parts_alone(tmp_path):
         assert "the grader wrote this cell's body" in cell.outputs[0].text
     assert parts_of((tmp_path / "work" / "x.py").read_text()) == {
         1: "A = 1\n", 2: "B = 2  # magic line gone\n"}
+
+
+def test_a_whole_file_goes_into_the_cells_that_write_it(tmp_path):
+    """``grading.with_files`` (a cheat graded as a notebook): a file with part marks part by
+    part into its ``%%part`` cells, one without them whole into part 1 (the others empty), a
+    ``%%writefile`` cell's file whole; other cells as they were."""
+    from exercise_utils import notebook_files as nf
+    from grading import with_files
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("%%writefile work/a.py\nraise NotImplementedError\n"),
+        nbformat.v4.new_code_cell("%%part work/x.py 1/2\nA = None\n"),
+        nbformat.v4.new_code_cell("print('between')"),
+        nbformat.v4.new_code_cell("%%part work/x.py 2/2\nB = None\n")])
+    marked = nf.with_part(nf.with_part("", "work/x.py", 2, 2, "B = 2\n"), "work/x.py", 1, 2,
+                          "A = 1\n")
+    for files, parts in (({"work/x.py": marked, "work/a.py": "Z = 0\n"}, {1: "A = 1\n",
+                                                                          2: "B = 2\n"}),
+                         ({"work/x.py": "W = 1\nV = 2\n"}, {1: "W = 1\nV = 2\n", 2: "\n"})):
+        path = tmp_path / "n.ipynb"
+        path.write_text(with_files(nbformat.writes(nb), files))
+        built = nf.writefile_cells(path)
+        assert nf.parts_of(built["work/x.py"]) == parts, built
+        assert built["work/a.py"] == files.get("work/a.py", "raise NotImplementedError\n")
+        assert nbformat.read(path, as_version=4).cells[2].source == "print('between')"
