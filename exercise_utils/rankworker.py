@@ -255,7 +255,9 @@ def _run_probe(args, rank, phase):
         value = probe(student, ctx, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - everything a student file can do
         where, text = _student_frames(exc, args.student)
-        _report(args.out, ctx.rank, {"ok": False, "type": type(exc).__name__, "message": str(exc),
+        notes = [str(n) for n in getattr(exc, "__notes__", None) or ()]   # (a probe's: where)
+        _report(args.out, ctx.rank, {"ok": False, "type": type(exc).__name__,
+                                     "message": " ".join([str(exc), *notes]),
                                      "where": where, "traceback": text, "time": time.time(),
                                      "case": ctx.current, "tampered": guard.changed()}, secret)
         if ctx.backend == "mpi":

@@ -9,7 +9,8 @@
   all-reduce of each rank's own number over each of its groups sums exactly that group's).
 * ``check_vocab_parallel`` launches 4 gloo ranks (two tensor-parallel groups of 2: a group's
   rank is not the global rank) and 3 (the world): ``vp-group`` (``ReduceFromGroup``),
-  ``vp-embedding`` (``VocabParallelEmbedding``), ``vp-loss`` (``VocabParallelCrossEntropy``),
+  ``vp-embedding`` (``VocabParallelEmbedding``; its forward on 2-D, 1-D and empty tokens:
+  with no token the all-reduce and the gradient may be left out), ``vp-loss`` (``VocabParallelCrossEntropy``),
   float64 and float32, against one process; ``vp-collectives``: one all-reduce of the
   embedding's output in its forward, three of ``N`` numbers in the loss's forward, none in
   either backward, nothing else; ``vp-wire``: where links are observed (grading), with a wide
@@ -282,17 +283,22 @@ def _check_embedding(size, res, salts, launch):
         want_grad = refs.embedding_grads(salts, members, out["salt0"], gi, t, dtype, part)
         for name, o in got["outs"].items():
             what = f"{where}: forward on {name} tokens"
-            want_y = ref["emb"] if name == "2-d" else ref["emb"][0]
-            close("vp-embedding", f"{what}: the output", o["y"], want_y, tol,
+            want_y = inputs.token_case(name, ref["emb"])
+            n = int(np.size(want_y))            # (an empty batch: no numbers, its shape kept)
+            got_y = np.asarray(o["y"], dtype=np.float64).reshape(o["shape"])
+            close("vp-embedding", f"{what}: the output", got_y, want_y, tol,
                    " (every rank returns the full table's embedding: its rows' lookups, "
                    "zeros for the other tokens, summed over the group)")
             if o["dtype"] != f"torch.{dtype}":
                 fail("vp-embedding", f"{what}: the output is {o['dtype']}, expected "
                                      f"torch.{dtype}")
-            _collectives(what, o["forward"], [int(np.size(want_y))],
-                         f"one all_reduce of the output's {np.size(want_y)} numbers")
+            if n or any(e[0] == "coll" for e in o["forward"]):   # (nothing to sum: it may skip)
+                _collectives(what, o["forward"], [n], f"one all_reduce of the output's {n} "
+                                                      "numbers")
             _collectives(f"{what}: its backward", o["backward"], [], "none (the "
                          "backward of a sum is the identity)")
+            if not n and o["grad"] is None:     # no token: zeros or no gradient at all
+                continue
             close("vp-embedding", f"{where}: the gradient of weight after the forward on "
                    f"{name} tokens", o["grad"],
                    refs.digest(want_grad[name][gr * k:(gr + 1) * k], part != "small"), tol,

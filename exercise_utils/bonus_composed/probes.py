@@ -242,11 +242,17 @@ def _embedding(student, rec, group, gi, t, gr, mine, salt0, dtype, size="small")
         return got
     rec.take()
     outs = {}
-    cases = (("2-d", tokens, upstream),) + ((("1-d", tokens[0], upstream[0]),)
-                                            if size == "small" else ())
+    cases = inputs.token_cases(tokens, upstream) if size == "small" else (
+        ("2-d", tokens, upstream),)
     for name, toks, up in cases:
-        y = shard(toks)
-        outs[name] = {"y": arr(y), "dtype": str(y.dtype), "forward": rec.take()}
+        try:
+            y = shard(toks)
+        except Exception as exc:
+            exc.add_note(f"(VocabParallelEmbedding's forward on {name} tokens, of shape "
+                         f"{tuple(toks.shape)})")
+            raise
+        outs[name] = {"y": arr(y), "shape": list(y.shape), "dtype": str(y.dtype),
+                      "forward": rec.take()}
         if y.requires_grad:
             (y * up).sum().backward()
         outs[name]["backward"] = rec.take()

@@ -66,12 +66,13 @@ def digest(array, wide):
 
 
 def embedding_grads(salts, members, salt0, group_index, t, dtype, size="small"):
-    """The full table's gradient after the forward on the 2-D tokens and, apart, on their first
-    row (the 1-D case), float64 arrays."""
+    """The full table's gradient after the forward on each case of
+    :func:`.inputs.token_cases` (the 2-D tokens, their first row, an empty batch), apart,
+    float64 arrays."""
     dtype = getattr(torch, dtype)
     tokens, _, upstream = inputs.shared(salt0, group_index, t, dtype, size)
     grads = {}
-    for name, toks, up in (("2-d", tokens, upstream), ("1-d", tokens[0], upstream[0])):
+    for name, toks, up in inputs.token_cases(tokens, upstream):
         table = inputs.table([salts[r] for r in members], group_index, t, dtype,
                              size).requires_grad_(True)
         (F.embedding(toks, table) * up).sum().backward()

@@ -1,4 +1,4 @@
-"""Vocab-parallel variant: the loss computed in float64 whatever the logits' dtype (cast back at the end), index_select shard, embedding by nonzero indices and index_copy into zeros, target logits by advanced indexing of the owned rows.
+"""Vocab-parallel variant: the loss computed in float64 whatever the logits' dtype (cast back at the end), index_select shard, embedding by nonzero indices and index_copy into zeros, target logits by advanced indexing of the owned rows; an empty batch of tokens returns zeros at once (no all-reduce, no gradient).
 
 A GPT's pieces on a data x pipeline x tensor mesh, and context parallelism, on torch.distributed.
 
@@ -143,6 +143,8 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, tokens):
         k, d = self.weight.shape
         flat = tokens.reshape(-1)
+        if flat.numel() == 0:       # no token: nothing to look up or to sum, no gradient
+            return self.weight.new_zeros(tuple(tokens.shape) + (d,))
         mine = ((flat >= self.start) & (flat < self.start + k)).nonzero().squeeze(1)
         out = self.weight.new_zeros(flat.numel(), d)
         out = out.index_copy(0, mine, self.weight.index_select(0, flat[mine] - self.start))

@@ -157,6 +157,14 @@ FLAWS = [
          expect="the gradient of weight",
          patch=((LOOKUP, "        out = F.embedding(torch.where(mine, local, 0), self.weight."
                          "detach()) * mine.unsqueeze(-1)\n"),)),
+    Flaw("vocab_parallel", "ids_checked_with_max", clause="emb-forward", case="vp-embedding",
+         why="checks the ids against V with tokens.max() and tokens.min(), which raise on an "
+             "empty batch of tokens (a (B, 0) tensor: nn.Embedding returns (B, 0, d)).",
+         expect="forward on empty tokens, of shape (3, 0)",
+         patch=((LOOKUP, "        V = self.weight.shape[0] * dist.get_world_size(self.group)\n"
+                         "        if int(tokens.max()) >= V or int(tokens.min()) < 0:\n"
+                         "            raise IndexError(f\"token ids must lie in [0, {V})\")\n"
+                 + LOOKUP),)),
     Flaw("vocab_parallel", "local_maximum", clause="loss-value", case="vp-loss",
          why="subtracts each rank's own row maximum, not the maximum over all V columns: the "
              "ranks' sums of exponentials are on different scales.",
