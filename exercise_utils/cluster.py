@@ -283,7 +283,8 @@ def each_rate(module, args, rates, out, what, hosts=2, timeout=180):
     """Run the torchrun script ``module`` (one worker per host, one thread each) once per link
     rate on a fresh :class:`Cluster`; it gets ``args`` and ``--out <file>`` and writes
     ``{"rows": [...]}`` there. Yields ``(rate name, bit/s, rows)`` per rate, the unshaped
-    link's rate measured (:meth:`Cluster.measure`). Used by the network sections of 06, 08 and 10."""
+    link's rate measured (:meth:`Cluster.measure`). Used by the network sections of 06, 08 and
+    10."""
     with Cluster(hosts) as net:
         for rate in rates:
             net.shape(rate)

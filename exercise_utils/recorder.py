@@ -92,10 +92,10 @@ def elements(first):
 class Recorder:
     """Replaces the torch.distributed collectives (also names the student imported) by
     recording wrappers; ``events`` lists ("coll", name, numel, async_op) (numel:
-    :func:`elements` of its first argument), ("wait", i) and the probe's own marks in the order they happened; ``hidden`` lists ``(name, numel,
-    peer)`` of what reached the ProcessGroup by another path (:mod:`exercise_utils.pgwatch`:
-    collectives under qualified names such as ``ProcessGroup.allreduce``, point-to-point
-    messages as ``send`` / ``recv``)."""
+    :func:`elements` of its first argument), ("wait", i) and the probe's own marks in the order
+    they happened; ``hidden`` lists ``(name, numel, peer)`` of what reached the ProcessGroup
+    by another path (:mod:`exercise_utils.pgwatch`: collectives under qualified names such as
+    ``ProcessGroup.allreduce``, point-to-point messages as ``send`` / ``recv``)."""
 
     def __init__(self):
         self.events, self.hidden, self.original, self.student = [], [], {}, None

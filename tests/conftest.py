@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # 54 s after its average worker in alphabetical order; test_colab, 133 s, was not listed).
 LONGEST_FIRST = [f"tests/test_{stem}::test_autograde" for stem in (
     "11_bonus_composed.py", "03_torch_distributed_collectives.py",
-    "05_ddp_torchrun_fault_tolerance.py", "01_mpi_parallel_sgd.py", "06_build_your_own_ddp.py", "09_bonus_fsdp.py",
-    "07_bonus_zero_sharding.py")] + ["tests/test_colab.py::"] + [
+    "05_ddp_torchrun_fault_tolerance.py", "01_mpi_parallel_sgd.py", "06_build_your_own_ddp.py",
+    "09_bonus_fsdp.py", "07_bonus_zero_sharding.py")] + ["tests/test_colab.py::"] + [
     f"tests/test_{stem}::test_autograde" for stem in (
         "08_bonus_powersgd.py", "10_bonus_model_parallel.py", "02_shared_memory_hogwild.py",
         "04_resnet_cifar_data_parallel.py")] + [

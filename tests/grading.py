@@ -84,13 +84,13 @@ def with_files(text, files):
         src = "".join(cell["source"])
         first = src.split("\n", 1)[0]
         part = PART_RE.match(first)
-        target = part["path"] if part else first.split()[-1] if first.startswith(
-            "%%writefile") else None
-        if target not in files:
+        if part and part["path"] in files:
+            text, parts = files[part["path"]], parts_of(files[part["path"]])
+            body = parts.get(int(part["k"]), "") if parts else text if part["k"] == "1" else ""
+        elif first.startswith("%%writefile") and first.split()[-1] in files:
+            body = files[first.split()[-1]]
+        else:
             continue
-        parts = parts_of(files[target])
-        body = (files[target] if not part else parts.get(int(part["k"]), "") if parts
-                else files[target] if part["k"] == "1" else "")
         cell["source"] = first + "\n" + body
     return json.dumps(nb, indent=1)
 

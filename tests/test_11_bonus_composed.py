@@ -4,8 +4,8 @@ against their definitions and against torch (``init_device_mesh``'s groups, atte
 whole sequence), the solution's pure pieces against the judge's on arbitrary inputs
 (Hypothesis), the sweeps reaching every edge the contract names, the blank release's regions,
 the ring check piece by piece, the whole notebook autograded as the solution and as the
-blank release, and the step's two cheats graded as whole notebooks. The checks against the known-wrong and the correct files:
-``tests/test_checks.py``.
+blank release, and the step's two cheats graded as whole notebooks. The checks against the
+known-wrong and the correct files: ``tests/test_checks.py``.
 
 check_mesh launches 8 and 6 gloo ranks, check_vocab_parallel 4 and 3, check_ring_attention 3
 and 4, check_sequence_parallel 4 and 3, check_composed_step 8 and 3."""

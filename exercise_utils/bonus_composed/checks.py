@@ -10,12 +10,13 @@
 * ``check_vocab_parallel`` launches 4 gloo ranks (two tensor-parallel groups of 2: a group's
   rank is not the global rank) and 3 (the world): ``vp-group`` (``ReduceFromGroup``),
   ``vp-embedding`` (``VocabParallelEmbedding``; its forward on 2-D, 1-D and empty tokens:
-  with no token the all-reduce and the gradient may be left out), ``vp-loss`` (``VocabParallelCrossEntropy``),
-  float64 and float32, against one process; ``vp-collectives``: one all-reduce of the
-  embedding's output in its forward, three of ``N`` numbers in the loss's forward, none in
-  either backward, nothing else; ``vp-wire``: where links are observed (grading), with a wide
-  table and wide logits more (:data:`.inputs.SIZES`), all links together carry what those
-  all-reduces put there (:mod:`.wire`), whatever the ranks do to the recorder in their memory.
+  with no token the all-reduce and the gradient may be left out), ``vp-loss``
+  (``VocabParallelCrossEntropy``), float64 and float32, against one process;
+  ``vp-collectives``: one all-reduce of the embedding's output in its forward, three of ``N``
+  numbers in the loss's forward, none in either backward, nothing else; ``vp-wire``: where
+  links are observed (grading), with a wide table and wide logits more
+  (:data:`.inputs.SIZES`), all links together carry what those all-reduces put there
+  (:mod:`.wire`), whatever the ranks do to the recorder in their memory.
 
 Tolerance: ``1e-10`` (float64) or ``1e-5`` (float32) times the largest reference magnitude.
 

@@ -66,18 +66,20 @@ def shared(salt0, group_index, t, dtype, size="small"):
     return tokens, targets, upstream
 
 
-def token_cases(tokens, upstream=None):
-    """The embedding's forward cases: ``(name, tokens, upstream)`` for the ``(B, T)`` batch
-    ("2-d"), its first row ("1-d") and an empty batch of ``B`` rows of no tokens ("empty");
-    ``upstream`` (or, without it, the tokens) cut the same way."""
-    up = tokens if upstream is None else upstream
-    return (("2-d", tokens, up), ("1-d", tokens[0], up[0]), ("empty", tokens[:, :0], up[:, :0]))
+TOKEN_CASES = ("2-d", "1-d", "empty")
 
 
 def token_case(name, x):
-    """``x`` (a ``(B, T, ...)`` array or tensor) cut as the embedding's forward case ``name``
-    (:func:`token_cases`)."""
+    """``x`` (a ``(B, T, ...)`` array or tensor) cut as the embedding's forward case ``name``:
+    the ``(B, T)`` batch ("2-d"), its first row ("1-d"), an empty batch of ``B`` rows of no
+    tokens ("empty")."""
     return {"2-d": x, "1-d": x[0], "empty": x[:, :0]}[name]
+
+
+def token_cases(tokens, upstream):
+    """``(name, tokens, upstream)`` for each of :data:`TOKEN_CASES`."""
+    return tuple((name, token_case(name, tokens), token_case(name, upstream))
+                 for name in TOKEN_CASES)
 
 
 def projection(n):
