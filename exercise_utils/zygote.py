@@ -240,10 +240,8 @@ def _fork_rank(conn, listener, children):
                          if p and p not in sys.path]
         os.chdir(request["cwd"])
         fresh_random_state()
-        if request.get("script"):            # python -u: nothing waits in a buffer
-            import io
-            sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False),
-                                                       write_through=True) for fd in (1, 2))
+        if request.get("script"):            # as python -u, but each line goes out whole
+            sys.stdout, sys.stderr = (whole_lines(fd) for fd in (1, 2))
             code = _run_script(request["script"], request["args"])
         else:
             sys.stdout = os.fdopen(1, "w", buffering=1)
@@ -259,6 +257,18 @@ def _fork_rank(conn, listener, children):
             _abort()
     finally:
         exit_flushed(code)
+
+
+def whole_lines(fd):
+    """A text stream on ``fd`` that writes each line (up to its ``\\n`` or ``\\r``) in one
+    write, as soon as it ends. A job's ranks share one pipe, and python's traceback printer
+    writes a line in pieces: unbuffered, as ``python -u``, two ranks' tracebacks mixed within
+    a line, and a fragment of one showed as a line of its own on a student's first screen
+    under the failure's box (a fresh-clone run under load, 2026-11-30). Text printed without
+    an end of line waits for one, or for a flush (``print(..., flush=True)``)."""
+    import io
+    return io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False), 1 << 16),
+                            line_buffering=True)
 
 
 def _run_module(name, args):

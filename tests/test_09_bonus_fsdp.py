@@ -191,9 +191,12 @@ def test_memory_waits_for_a_thread_still_holding_a_finished_collectives_tensors(
     monkeypatch.setattr(memory, "QUIET_S", 10)
     before, started, scanned = memory.alive_bytes(), threading.Event(), threading.Event()
 
-    def worker(flat):       # busy (on a CPU or waiting for one) until scanned or 1.5 s, then done
+    # Busy (on a CPU or waiting for one) until scanned, or for 1.5 s where the scan waits for
+    # it: a scan takes two looks and keeps the smaller; a worker that ended between them on a
+    # loaded machine (CI, 2026-11-30) hid the fault the unquiet half shows.
+    def worker(flat):
         started.set()
-        end = time.monotonic() + 1.5
+        end = time.monotonic() + (1.5 if quiet else 300)
         while time.monotonic() < end and not scanned.is_set():
             torch.ones(64).add_(1)
         del flat

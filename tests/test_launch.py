@@ -245,6 +245,34 @@ def test_killed_launcher_takes_mpi_workers_with_it(tmp_path):
     assert not any(alive(p) for p in pids), "workers survived their launcher"
 
 
+def test_a_forked_worker_writes_each_line_whole(tmp_path):
+    """A job's ranks share one pipe and python's traceback printer writes a line in pieces:
+    each line goes out whole, so that two ranks' tracebacks never mix within a line (a
+    fragment of one showed as a line of its own under notebook 05's failure box, in a
+    fresh-clone run under load). Rank 0 writes a line's indent, rank 1 a whole line, then
+    rank 0 the rest of its line (files order them)."""
+    script = write(tmp_path, "pieces.py", """
+        import os, sys, time
+        from pathlib import Path
+        here = Path(sys.argv[1])
+
+        def wait(name):
+            while not (here / name).exists():
+                time.sleep(0.01)
+        if os.environ["RANK"] == "0":
+            sys.stderr.write("    ")
+            (here / "indent").touch()
+            wait("other")
+            sys.stderr.write("runner.main(ddp_setup, Trainer)\\n")
+        else:
+            wait("indent")
+            sys.stderr.write("NotImplementedError\\n")
+            (here / "other").touch()
+        """)
+    lines = launch.torchrun(script, 2, [tmp_path], timeout=120, echo=False).output.splitlines()
+    assert "    runner.main(ddp_setup, Trainer)" in lines and "NotImplementedError" in lines, lines
+
+
 def test_torchrun_forks_its_workers_and_they_end_as_fresh_ones_would(tmp_path):
     """One node: the agent and the workers are forked from the job's zygote (torch imported
     before the script starts), each runs the script as ``python -u`` would (its argv, its
