@@ -9,6 +9,7 @@ now), :func:`zygote_socket`, :func:`zygote_lost`, :func:`session_command`,
 :func:`zygote_command`, :func:`mpi_session_command`, :func:`options`, :func:`optimizer`, :func:`needs_torch`,
 :func:`with_progress`. Called by :mod:`.harness` and :mod:`.hostlaunch`.
 """
+import ast
 import contextlib
 import functools
 import os
@@ -252,19 +253,48 @@ def optimizer(student, module, warm_up=False):
 
 
 def needs_torch(student, module, probe):
-    """Whether a rank will import torch: the student file imports it, or the probe function or
-    a function of its module that the probe calls does (a rank that never needs torch, e.g.
-    01's convergence check, is spared its import)."""
-    import ast
-    import importlib.util
+    """Whether a rank will import torch: the student file imports it, or the probe function
+    or a function or class it calls, in its module or imported by name from another module of
+    the course (e.g. 01's ``scatter_data``), however deep, does (a rank that never needs torch,
+    e.g. 01's convergence check, is spared its import; each rank of an MPI launch that
+    imported it after the fork cost ~2 s of CPU, the most of 01's scatter check)."""
     if TORCH_IMPORT.search(student.read_text(errors="replace")):
         return True
+    seen, todo = set(), [(module, probe)]
+    while todo:
+        where = todo.pop()
+        if where in seen:
+            continue
+        seen.add(where)
+        defs, imported = _definitions(where[0])
+        node = defs.get(where[1])
+        if node is None:
+            continue
+        if TORCH_IMPORT.search(ast.unparse(node)):
+            return True
+        for name in {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call)
+                     and isinstance(n.func, ast.Name)}:
+            todo += [(where[0], name)] if name in defs else (
+                [imported[name]] if name in imported else [])
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _definitions(module):
+    """Module ``module``'s top-level functions and classes (``{name: node}``) and the names it
+    imports from the course's modules (``{name: (module, name there)}``)."""
+    import importlib.util
     spec = importlib.util.find_spec(module)
     tree = ast.parse(Path(spec.origin).read_text())
-    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    called = {probe} | {n.func.id for n in ast.walk(funcs[probe]) if isinstance(n, ast.Call)
-                        and isinstance(n.func, ast.Name) and n.func.id in funcs}
-    return any(TORCH_IMPORT.search(ast.unparse(funcs[name])) for name in called)
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    package = module if spec.submodule_search_locations else module.rpartition(".")[0]
+    imported = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(
+                __package__ + ".")):
+            source = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            imported.update({a.asname or a.name: (source, a.name) for a in node.names})
+    return defs, imported
 
 
 def zygote_lost():

@@ -272,6 +272,23 @@ def test_a_session_without_launches_starts_no_zygote():
         assert not zygotes() - before
 
 
+def test_the_zygote_imports_torch_when_a_function_the_probe_calls_will(tmp_path):
+    """A rank imports torch from its zygote when it will need it: the probe, or a function or
+    class it calls, in its module or in a course module it imports the name from, however
+    deep (01's scatter probe builds its dataset with ``inputs.scatter_data``, which imports
+    torch: each MPI rank imported it after the fork, ~2 s of CPU each, 7 s of a 0.6 s launch
+    on 2 cores); never where no code of the rank does (01's bounds and convergence probes on
+    a numpy file), unless the student's file imports it."""
+    module = "exercise_utils.mpi_parallel_sgd.probes"
+    numpy_file = student(tmp_path, "import numpy as np\n")
+    assert sessions.needs_torch(numpy_file, module, "probe_scatter")
+    assert sessions.needs_torch(numpy_file, module, "probe_broadcast")
+    assert not sessions.needs_torch(numpy_file, module, "probe_bounds")
+    assert not sessions.needs_torch(numpy_file, module, "probe_convergence")
+    torch_file = student(tmp_path, "import numpy as np\nfrom torch import nn\n", "t.py")
+    assert sessions.needs_torch(torch_file, module, "probe_convergence")
+
+
 def test_syntax_error_is_reported(tmp_path):
     path = student(tmp_path, "def value(rank)\n    return rank\n")
     with pytest.raises(AssertionError, match="SyntaxError"):
