@@ -1,10 +1,11 @@
 """What a child forked from a process that imported torch once needs, to be what a fresh
 interpreter would be: the parent's objects frozen out of its collector's way
 (:func:`freeze_for_fork`), Python's and numpy's random numbers seeded anew
-(:func:`fresh_random_state`), and an exit that flushes its output and runs none of its parent's
-cleanup (:func:`exit_flushed`).
+(:func:`fresh_random_state`), an exit that flushes its output and runs none of its parent's
+cleanup (:func:`exit_flushed`), and output streams that write each line whole
+(:func:`whole_lines`: a forked torchrun worker's, which shares its pipe with the others).
 
-Owns the three. Called by :mod:`.zygote` (its ranks and torchrun jobs), :mod:`.rankworker`
+Owns the four. Called by :mod:`.zygote` (its ranks and torchrun jobs), :mod:`.rankworker`
 (ranks forked by ``--spawn``), :mod:`.spawn_template` (notebook 02's spawn workers) and
 the launched benchmarks and ranks of 04, 05, 07, 09 and 10 (their ends); a leaf:
 it imports nothing of the course.
@@ -50,3 +51,15 @@ def fresh_random_state():
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
+
+
+def whole_lines(fd):
+    """A text stream on ``fd`` that writes each line (up to its ``\\n`` or ``\\r``) in one
+    write, as soon as it ends. A job's ranks share one pipe, and python's traceback printer
+    writes a line in pieces: unbuffered, as ``python -u``, two ranks' tracebacks mixed within
+    a line, and a fragment of one showed as a line of its own on a student's first screen
+    under the failure's box (a fresh-clone run under load, 2026-11-30). Text printed without
+    an end of line waits for one, or for a flush (``print(..., flush=True)``)."""
+    import io
+    return io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False), 1 << 16),
+                            line_buffering=True)

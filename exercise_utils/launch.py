@@ -305,7 +305,7 @@ def torchrun(script, nproc, args=(), nnodes=1, port=None, extra=(), fork=True, *
     On one node the agent and its workers are forked from one process that imported torch
     once (:mod:`exercise_utils.zygote`, started for this job, inside its sandbox at grading):
     each worker runs ``script`` as ``python -u`` would (but that each line of its output goes
-    out whole: :func:`.zygote.whole_lines`), with the environment torchrun gives it, and its
+    out whole: :func:`.forking.whole_lines`), with the environment torchrun gives it, and its
     exit status (a signal too) reaches the agent as a fresh worker's would.
     Importing torch in the agent and in every worker cost ~2 s of CPU each, most of a short
     job's time on 2 cores.

@@ -34,7 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .forking import exit_flushed, freeze_for_fork, fresh_random_state
+from .forking import exit_flushed, freeze_for_fork, fresh_random_state, whole_lines
 
 FDS = 8                 # at most this many descriptors travel with a request
 KEEP = ("DTFS_SANDBOXED",)  # the zygote's own environment a rank keeps (the sandbox's mark)
@@ -257,18 +257,6 @@ def _fork_rank(conn, listener, children):
             _abort()
     finally:
         exit_flushed(code)
-
-
-def whole_lines(fd):
-    """A text stream on ``fd`` that writes each line (up to its ``\\n`` or ``\\r``) in one
-    write, as soon as it ends. A job's ranks share one pipe, and python's traceback printer
-    writes a line in pieces: unbuffered, as ``python -u``, two ranks' tracebacks mixed within
-    a line, and a fragment of one showed as a line of its own on a student's first screen
-    under the failure's box (a fresh-clone run under load, 2026-11-30). Text printed without
-    an end of line waits for one, or for a flush (``print(..., flush=True)``)."""
-    import io
-    return io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False), 1 << 16),
-                            line_buffering=True)
 
 
 def _run_module(name, args):
