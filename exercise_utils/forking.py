@@ -59,7 +59,8 @@ def whole_lines(fd):
     writes a line in pieces: unbuffered, as ``python -u``, two ranks' tracebacks mixed within
     a line, and a fragment of one showed as a line of its own on a student's first screen
     under the failure's box (a fresh-clone run under load, 2026-11-30). Text printed without
-    an end of line waits for one, or for a flush (``print(..., flush=True)``)."""
+    an end of line waits for one, or for a flush (``print(..., flush=True)``). The same rule
+    as :mod:`.linebuf` gives mpiexec's ranks, for streams a forked child makes anew."""
     import io
     return io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False), 1 << 16),
                             line_buffering=True)

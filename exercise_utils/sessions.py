@@ -272,10 +272,10 @@ def needs_torch(student, module, probe):
             continue
         if TORCH_IMPORT.search(ast.unparse(node)):
             return True
-        for name in {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call)
-                     and isinstance(n.func, ast.Name)}:
-            todo += [(where[0], name)] if name in defs else (
-                [imported[name]] if name in imported else [])
+        called = {n.func.id for n in ast.walk(node)
+                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        todo += [(where[0], name) for name in called if name in defs]
+        todo += [imported[name] for name in called if name in imported]
     return False
 
 
